@@ -1,0 +1,54 @@
+"""Run any rank of a parallel program in this one process, on torch's fake process group.
+
+The fake backend accepts meta tensors and FakeTensors, returns immediately, and leaves data
+untouched: exactly what capture needs. Libraries keep global parallel state (fairscale's model
+parallel groups, Megatron's parallel_state); `reset_library_state` clears what we know of.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+import torch.distributed as dist
+
+
+def _destroy_if_initialized() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def reset_library_state() -> None:
+    """Forget model-parallel groups that libraries cache across process-group lifetimes."""
+    fairscale_init = sys.modules.get("fairscale.nn.model_parallel.initialize")
+    if fairscale_init is not None and hasattr(fairscale_init, "destroy_model_parallel"):
+        with contextlib.suppress(Exception):
+            fairscale_init.destroy_model_parallel()
+    megatron_state = sys.modules.get("megatron.core.parallel_state")
+    if megatron_state is not None and hasattr(megatron_state, "destroy_model_parallel"):
+        with contextlib.suppress(Exception):
+            megatron_state.destroy_model_parallel()
+
+
+@contextlib.contextmanager
+def fake_rank(rank: int, world_size: int) -> Iterator[None]:
+    """Make this process rank `rank` of a `world_size`-rank fake process group."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    _destroy_if_initialized()
+    reset_library_state()
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        reset_library_state()
+        _destroy_if_initialized()
+
+
+def group_ranks(group_name: str) -> tuple[int, ...]:
+    """Global ranks of a process group named in a functional collective (must run in the rank context)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    group = _resolve_process_group(group_name)
+    return tuple(dist.get_process_group_ranks(group))

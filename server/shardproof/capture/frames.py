@@ -1,0 +1,131 @@
+"""Exact user source sites for captured nodes.
+
+torch.fx keeps only frames of functions named `forward` when export records stack traces, so a
+collective issued from a helper (`reduce_from_tp`) would be attributed to its caller, and the
+recorded frames carry no column information. While a capture runs we replace the frame filter
+with one that walks the live Python stack, keeps every frame outside torch and the standard
+library, and encodes the exact source range of the executing expression (Python 3.11
+`co_positions`) into the frame's function name: `forward [@12:4-12:40]`. `parse_stack_trace`
+reads it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import linecache
+import os
+import re
+import sys
+import sysconfig
+import traceback
+from collections.abc import Iterator
+from types import CodeType, FrameType
+
+from ..graph.model import Frame, SourceSite
+
+_MAX_FRAMES = 16
+_POSITION = re.compile(r"^(?P<name>.*) \[@(?P<l>\d+):(?P<c>\d+)-(?P<el>\d+):(?P<ec>\d+)\]$")
+_FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.*)$')
+
+
+_SHARDPROOF_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+@functools.cache
+def _skipped_prefixes() -> tuple[str, ...]:
+    import torch
+
+    roots = {os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(contextlib.__file__)}
+    return tuple(sorted(r.rstrip(os.sep) + os.sep for r in roots))
+
+
+def is_user_file(filename: str, extra_skips: tuple[str, ...] = ()) -> bool:
+    if filename.startswith("<") or filename.startswith(_SHARDPROOF_ROOT):
+        return False
+    return not filename.startswith(_skipped_prefixes() + extra_skips)
+
+
+@functools.lru_cache(maxsize=4096)
+def _positions(code: CodeType) -> tuple[tuple[int | None, int | None, int | None, int | None], ...]:
+    return tuple(code.co_positions())
+
+
+def _frame_positions(frame: FrameType) -> tuple[int, int | None, int | None, int | None]:
+    lineno = frame.f_lineno
+    index = frame.f_lasti // 2
+    positions = _positions(frame.f_code)
+    if 0 <= index < len(positions):
+        start, end, col, end_col = positions[index]
+        if start is not None:
+            return start, end, col, end_col
+    return lineno, None, None, None
+
+
+def live_user_frames(skip: int = 1, extra_skips: tuple[str, ...] = ()) -> list[traceback.FrameSummary]:
+    """User frames of the current stack, outermost first, with positions encoded in the name.
+
+    The walk stops at the first shardproof frame once user frames were seen: that frame is the
+    capture call, and everything outside it (our CLI, a test runner) is not the user's model.
+    """
+    frame: FrameType | None = sys._getframe(skip + 1)
+    collected: list[traceback.FrameSummary] = []
+    while frame is not None and len(collected) < _MAX_FRAMES:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_SHARDPROOF_ROOT) and collected:
+            break
+        if is_user_file(filename, extra_skips):
+            line, end_line, col, end_col = _frame_positions(frame)
+            name = frame.f_code.co_name
+            if col is not None and end_col is not None and end_line is not None:
+                name = f"{name} [@{line}:{col}-{end_line}:{end_col}]"
+            collected.append(traceback.FrameSummary(filename, line, name, lookup_line=False))
+        frame = frame.f_back
+    collected.reverse()
+    return collected
+
+
+def _filter_with_positions(self: object, summary: traceback.StackSummary) -> traceback.StackSummary:
+    del self, summary  # the lightweight captured summary has no columns; read the live stack instead
+    return traceback.StackSummary.from_list(live_user_frames(skip=1))
+
+
+@contextlib.contextmanager
+def exact_stack_traces() -> Iterator[None]:
+    """Record every user frame (with columns) on nodes created while the context is active."""
+    import torch.fx.proxy as fx_proxy
+
+    original = fx_proxy.TracerBase._filter_traceback_frames
+    fx_proxy.TracerBase._filter_traceback_frames = _filter_with_positions  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        fx_proxy.TracerBase._filter_traceback_frames = original  # type: ignore[method-assign]
+
+
+def parse_stack_trace(text: str | None) -> SourceSite | None:
+    """Parse a `stack_trace` written under `exact_stack_traces` (plain fx traces work too)."""
+    if not text:
+        return None
+    frames: list[Frame] = []
+    for raw in text.splitlines():
+        match = _FILE_LINE.match(raw)
+        if not match:
+            continue
+        name = match["name"]
+        line = int(match["line"])
+        column = end_line = end_column = None
+        pos = _POSITION.match(name)
+        if pos:
+            name = pos["name"]
+            line, column, end_line, end_column = int(pos["l"]), int(pos["c"]), int(pos["el"]), int(pos["ec"])
+        file = match["file"]
+        code = linecache.getline(file, line).strip()
+        frames.append(Frame(file, line, name, code, column, end_line, end_column))
+    return SourceSite(tuple(frames)) if frames else None
+
+
+def site_from_live_stack(skip: int = 1) -> SourceSite | None:
+    """The user site of the caller (used by the parameter-provenance tracker)."""
+    text = "".join(traceback.StackSummary.from_list(live_user_frames(skip=skip + 1)).format())
+    return parse_stack_trace(text)

@@ -1,0 +1,596 @@
+"""ExportedProgram -> shardproof graph IR.
+
+Canonical ops (the verifier's vocabulary; everything else becomes `generic` and is still
+verified where ranks compute it on identical inputs, by congruence):
+
+  data movement   slice(dim,start,end) cat(dim) view(shape) permute(perm) expand(shape)
+  elementwise     unary(fn) scalar(fn,value) binary(fn) where fill(value)
+  reductions      reduce(fn,dim,keepdim) softmax(dim) log_softmax(dim)
+  contractions    linear matmul embedding sdpa(is_causal,scale,enable_gqa)
+  collectives     all_reduce all_gather reduce_scatter all_to_all broadcast
+  constants       constant(digest) uninitialized
+  fallback        generic(target, attrs, output index)
+
+Dims are negative. Must run inside the rank's fake process-group context so collective group
+names can be resolved to rank lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..graph.model import Collective, Graph, Node, Placeholder, SourceSite, TensorMeta
+from ..relations.expr import norm_dim
+from .frames import parse_stack_trace
+
+_ALIASES = {
+    "wait_tensor", "clone", "contiguous", "alias", "detach", "lift_fresh_copy", "lift_fresh", "alias_copy",
+    "detach_copy", "_conj", "resolve_conj", "resolve_neg",
+}
+_DROPPED = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size",
+            "_assert_async", "sym_size", "sym_numel", "sym_stride"}
+_VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_copy",
+          "squeeze_copy", "unsqueeze_copy", "_reshape_alias", "_reshape_copy"}
+_UNARY = {
+    "neg", "silu", "relu", "rsqrt", "sqrt", "exp", "log", "sin", "cos", "tanh", "sigmoid", "abs", "reciprocal",
+    "logical_not", "bitwise_not", "erf", "exp2", "log1p", "expm1", "sign", "floor", "ceil", "round", "square",
+    "hardtanh", "softplus", "gelu", "isnan", "isinf", "mish", "elu", "leaky_relu", "relu6", "hardsigmoid",
+    "hardswish", "log2", "trunc", "frac",
+}
+_BINARY = {
+    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum", "minimum": "minimum",
+    "pow": "pow", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "__or__": "or",
+    "__and__": "and", "__xor__": "xor", "bitwise_or": "or", "bitwise_and": "and", "bitwise_xor": "xor",
+    "logical_or": "or", "logical_and": "and", "logical_xor": "xor", "remainder": "remainder",
+    "floor_divide": "floor_divide", "atan2": "atan2", "fmod": "fmod", "rsub": "rsub",
+}
+_REDUCTIONS = {"mean": "mean", "sum": "sum", "amax": "amax", "amin": "amin", "prod": "prod", "logsumexp": "logsumexp",
+               "all": "all", "any": "any"}
+_COLLECTIVES = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast"}
+_DETERMINISTIC_FACTORIES = {"zeros", "ones", "full", "arange", "linspace", "eye", "scalar_tensor", "zeros_like",
+                            "ones_like", "full_like", "tensor"}
+_UNINITIALISED_FACTORIES = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _meta_of(value: Any) -> TensorMeta | None:
+    if isinstance(value, torch.Tensor):
+        return TensorMeta(tuple(int(s) for s in value.shape), dtype_name(value.dtype))
+    return None
+
+
+def _literal(value: Any) -> Any:
+    """JSON-able rendering of a non-tensor argument."""
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, torch.device | torch.layout | torch.memory_format):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_literal(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, int | float | bool | str) or value is None:
+        return value
+    return repr(value)
+
+
+class _Builder:
+    def __init__(self, program: torch.export.ExportedProgram, name: str, rank: int | None, world_size: int,
+                 resolve_group: Callable[[str], tuple[int, ...]] | None) -> None:
+        self.program = program
+        self.graph = Graph(name=name, rank=rank, world_size=world_size, placeholders=[], nodes=[], outputs=[])
+        self.resolve_group = resolve_group
+        self.alias: dict[str, str] = {}  # fx node name -> IR value id
+        self.metas: dict[str, TensorMeta] = {}
+        self.multi: dict[str, list[str | None]] = {}  # multi-output node -> ids of its outputs
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def value(self, arg: Any) -> str:
+        if not isinstance(arg, torch.fx.Node):
+            raise TypeError(f"expected a tensor argument, got {arg!r}")
+        return self.alias.get(arg.name, arg.name)
+
+    def add(self, fx: torch.fx.Node, op: str, inputs: list[str], attrs: dict[str, Any], meta: TensorMeta,
+            suffix: str = "", collective: Collective | None = None) -> str:
+        node_id = fx.name + suffix
+        module_path, module_type = _module_of(fx)
+        node = Node(id=node_id, op=op, inputs=tuple(inputs), attrs=attrs, meta=meta,
+                    site=_site_of(fx), module_path=module_path, module_type=module_type, collective=collective,
+                    original=_target_name(fx))
+        self.graph.nodes.append(node)
+        self.metas[node_id] = meta
+        if node.site:
+            self.graph.source_files.update(f.file for f in node.site.frames)
+        return node_id
+
+    def meta(self, value_id: str) -> TensorMeta:
+        return self.metas[value_id]
+
+    # -- main -----------------------------------------------------------------------------------
+    def build(self) -> Graph:
+        signature = self.program.graph_signature
+        kinds: dict[str, tuple[str, str]] = {}
+        for spec in signature.input_specs:
+            arg_name = getattr(spec.arg, "name", None)
+            if arg_name is None:
+                continue
+            kind = {
+                "PARAMETER": "parameter", "BUFFER": "buffer", "CONSTANT_TENSOR": "constant",
+                "USER_INPUT": "input", "CUSTOM_OBJ": "constant", "TOKEN": "constant",
+            }.get(spec.kind.name, "constant")
+            target = spec.target if spec.target is not None else arg_name
+            kinds[arg_name] = (kind, target)
+        user_input_index = 0
+        for fx in self.program.graph.nodes:
+            if fx.op == "placeholder":
+                meta = _meta_of(fx.meta.get("val"))
+                if meta is None:
+                    continue
+                kind, target = kinds.get(fx.name, ("input", fx.name))
+                if kind == "input":
+                    target = str(user_input_index)
+                    user_input_index += 1
+                self.graph.placeholders.append(Placeholder(fx.name, kind, target, meta))
+                self.metas[fx.name] = meta
+            elif fx.op == "call_function":
+                self.convert(fx)
+            elif fx.op == "output":
+                outs = fx.args[0]
+                for out in outs if isinstance(outs, list | tuple) else [outs]:
+                    if isinstance(out, torch.fx.Node):
+                        self.graph.outputs.append(self.value(out))
+        user_outputs = [s for s in signature.output_specs if s.kind.name == "USER_OUTPUT"]
+        self.graph.outputs = self.graph.outputs[-len(user_outputs):] if user_outputs else []
+        return self.graph
+
+    def convert(self, fx: torch.fx.Node) -> None:
+        target = fx.target
+        if target is operator.getitem:
+            self.getitem(fx)
+            return
+        name = _op_name(fx)
+        args, kwargs = list(fx.args), dict(fx.kwargs)
+        val = fx.meta.get("val")
+        meta = _meta_of(val)
+        if name in _DROPPED:
+            return
+        if isinstance(val, list | tuple):
+            self.multi_output(fx, name, args, kwargs)
+            return
+        if meta is None:
+            return  # a scalar / symbolic computation; shapes are static
+        handler = getattr(self, f"op_{name}", None)
+        if handler is not None and handler(fx, args, kwargs, meta) is not False:
+            return
+        if name in _ALIASES:
+            self.alias[fx.name] = self.value(args[0])
+            return
+        if name == "dropout" or name == "native_dropout":
+            self.alias[fx.name] = self.value(args[0])
+            return
+        if name in _VIEWS:
+            self.view(fx, self.value(args[0]), meta)
+            return
+        if name in _UNARY:
+            attrs = {"fn": name}
+            if name == "gelu":
+                attrs["approximate"] = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+            self.add(fx, "unary", [self.value(args[0])], attrs, meta)
+            return
+        if name in _BINARY:
+            self.binary(fx, _BINARY[name], args, kwargs, meta)
+            return
+        if name in _REDUCTIONS:
+            self.reduction(fx, _REDUCTIONS[name], args, kwargs, meta)
+            return
+        if name in _COLLECTIVES:
+            self.collective(fx, name, args, meta)
+            return
+        if name in _DETERMINISTIC_FACTORIES and not any(isinstance(a, torch.fx.Node) for a in args):
+            digest = hashlib.sha256(repr((name, _literal(args), _literal(kwargs), meta)).encode()).hexdigest()[:20]
+            self.add(fx, "constant", [], {"digest": digest, "description": f"{name}{_literal(args)}"}, meta)
+            return
+        if name in _UNINITIALISED_FACTORIES:
+            self.add(fx, "uninitialized", [], {}, meta)
+            return
+        self.generic(fx, name, args, kwargs, meta)
+
+    def generic(self, fx: torch.fx.Node, name: str, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta,
+                index: int = 0, suffix: str = "") -> str:
+        inputs: list[str] = []
+        literal_args: list[Any] = []
+        for a in [*args, *kwargs.values()]:
+            if isinstance(a, torch.fx.Node):
+                inputs.append(self.value(a))
+                literal_args.append("<tensor>")
+            elif isinstance(a, list | tuple) and any(isinstance(x, torch.fx.Node) for x in a):
+                for x in a:
+                    if isinstance(x, torch.fx.Node):
+                        inputs.append(self.value(x))
+                literal_args.append(["<tensor>" if isinstance(x, torch.fx.Node) else _literal(x) for x in a])
+            else:
+                literal_args.append(_literal(a))
+        attrs = {"target": _target_name(fx), "args": literal_args, "kwargs": sorted(kwargs), "index": index}
+        return self.add(fx, "generic", inputs, attrs, meta, suffix=suffix)
+
+    def multi_output(self, fx: torch.fx.Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        outputs = fx.meta["val"]
+        if name in ("split", "split_with_sizes", "unbind", "chunk", "split_copy", "split_with_sizes_copy",
+                    "unbind_copy"):
+            source = self.value(args[0])
+            meta = self.meta(source)
+            dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+            if name.startswith("unbind"):
+                dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            dim = norm_dim(dim, meta.ndim)
+            ids: list[str | None] = []
+            start = 0
+            for i, out in enumerate(outputs):
+                out_meta = _meta_of(out)
+                assert out_meta is not None
+                length = 1 if name.startswith("unbind") else out_meta.shape[meta.ndim + dim]
+                sliced_shape = list(meta.shape)
+                sliced_shape[meta.ndim + dim] = length
+                sliced = self.add(fx, "slice", [source], {"dim": dim, "start": start, "end": start + length},
+                                  TensorMeta(tuple(sliced_shape), meta.dtype), suffix=f".{i}")
+                if tuple(sliced_shape) != out_meta.shape:
+                    sliced = self.add(fx, "view", [sliced], {"shape": list(out_meta.shape)}, out_meta,
+                                      suffix=f".{i}.view")
+                ids.append(sliced)
+                start += length
+            self.multi[fx.name] = ids
+            return
+        ids = []
+        for i, out in enumerate(outputs):
+            out_meta = _meta_of(out)
+            ids.append(None if out_meta is None else self.generic(fx, name, args, kwargs, out_meta, index=i,
+                                                                  suffix=f".{i}"))
+        self.multi[fx.name] = ids
+
+    def getitem(self, fx: torch.fx.Node) -> None:
+        source, index = fx.args
+        assert isinstance(source, torch.fx.Node)
+        ids = self.multi.get(source.name)
+        if ids is None or not isinstance(index, int) or ids[index] is None:
+            return
+        self.alias[fx.name] = ids[index]  # type: ignore[assignment]
+
+    def view(self, fx: torch.fx.Node, source: str, meta: TensorMeta) -> None:
+        if self.meta(source).shape == meta.shape:
+            self.alias[fx.name] = source
+            return
+        self.add(fx, "view", [source], {"shape": list(meta.shape)}, meta)
+
+    def scalar_or_value(self, arg: Any) -> tuple[str | None, Any]:
+        if isinstance(arg, torch.fx.Node):
+            return self.value(arg), None
+        return None, _literal(arg)
+
+    def binary(self, fx: torch.fx.Node, fn: str, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> None:
+        left, right = args[0], args[1] if len(args) > 1 else kwargs.get("other")
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        if fn in ("add", "sub") and alpha != 1 and isinstance(right, torch.fx.Node):
+            right_id = self.value(right)
+            right_id = self.add(fx, "scalar", [right_id], {"fn": "mul", "value": _literal(alpha)},
+                                self.meta(right_id), suffix=".alpha")
+            self.add(fx, "binary", [self.value(left), right_id], {"fn": fn}, meta)
+            return
+        if fn == "rsub":
+            if isinstance(right, torch.fx.Node):
+                self.add(fx, "binary", [self.value(right), self.value(left)], {"fn": "sub"}, meta)
+            else:
+                negated = self.add(fx, "unary", [self.value(left)], {"fn": "neg"}, self.meta(self.value(left)),
+                                   suffix=".neg")
+                self.add(fx, "scalar", [negated], {"fn": "add", "value": _literal(right)}, meta)
+            return
+        left_id, left_scalar = self.scalar_or_value(left)
+        right_id, right_scalar = self.scalar_or_value(right)
+        if left_id is not None and right_id is not None:
+            self.add(fx, "binary", [left_id, right_id], {"fn": fn}, meta)
+        elif left_id is not None:
+            self.add(fx, "scalar", [left_id], {"fn": fn, "value": right_scalar}, meta)
+        elif right_id is not None:
+            self.add(fx, "scalar", [right_id], {"fn": f"r{fn}", "value": left_scalar}, meta)
+
+    def reduction(self, fx: torch.fx.Node, fn: str, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> None:
+        source = self.value(args[0])
+        src_meta = self.meta(source)
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+        if dims is None or dims == []:
+            dims = list(range(src_meta.ndim))
+        if isinstance(dims, int):
+            dims = [dims]
+        dims = sorted((norm_dim(d, src_meta.ndim) for d in dims), reverse=True)
+        if fn == "mean" and len(dims) > 1:
+            self.generic(fx, "mean", args, kwargs, meta)
+            return
+        current, current_meta = source, src_meta
+        for i, d in enumerate(dims):
+            shape = list(current_meta.shape)
+            if keepdim:
+                shape[current_meta.ndim + d] = 1
+            else:
+                del shape[current_meta.ndim + d]
+            step_meta = TensorMeta(tuple(shape), meta.dtype) if i == len(dims) - 1 else TensorMeta(
+                tuple(shape), current_meta.dtype)
+            current = self.add(fx, "reduce", [current], {"fn": fn, "dim": d, "keepdim": keepdim}, step_meta,
+                               suffix="" if i == len(dims) - 1 else f".{i}")
+            current_meta = step_meta
+        if not dims:
+            self.alias[fx.name] = source
+
+    def collective(self, fx: torch.fx.Node, name: str, args: list[Any], meta: TensorMeta) -> None:
+        source = self.value(args[0])
+        group_name = str(args[-1])
+        group = self.resolve_group(group_name) if self.resolve_group else ()
+        if name == "all_reduce":
+            coll = Collective("all_reduce", str(args[1]), group)
+        elif name == "all_gather_into_tensor":
+            coll = Collective("all_gather", None, group, dim=0)
+        elif name == "reduce_scatter_tensor":
+            coll = Collective("reduce_scatter", str(args[1]), group, dim=0)
+        elif name == "all_to_all_single":
+            out_splits = tuple(int(s) for s in args[1]) if args[1] is not None else None
+            in_splits = tuple(int(s) for s in args[2]) if args[2] is not None else None
+            coll = Collective("all_to_all", None, group, dim=0, output_splits=out_splits, input_splits=in_splits)
+        else:  # broadcast: src is a group-local rank
+            local_src = int(args[1])
+            coll = Collective("broadcast", None, group, src=group[local_src] if group else local_src)
+        self.add(fx, coll.kind, [source], {}, meta, collective=coll)
+
+    # -- ops with their own handling ------------------------------------------------------------
+    def op_copy(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[1])
+        if self.meta(source) == meta:
+            self.alias[fx.name] = source
+            return True
+        return False
+
+    def op__to_copy(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        return self._cast(fx, self.value(args[0]), meta)
+
+    def op_to(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        return self._cast(fx, self.value(args[0]), meta)
+
+    def op_type_as(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        return self._cast(fx, self.value(args[0]), meta)
+
+    def _cast(self, fx: torch.fx.Node, source: str, meta: TensorMeta) -> bool:
+        if self.meta(source).dtype == meta.dtype:
+            self.alias[fx.name] = source
+        else:
+            self.add(fx, "unary", [source], {"fn": f"cast_{meta.dtype}"}, meta)
+        return True
+
+    def op_slice(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[0])
+        src_meta = self.meta(source)
+        dim = args[1] if len(args) > 1 else 0
+        step = args[4] if len(args) > 4 else 1
+        if step != 1:
+            return False
+        d = norm_dim(dim, src_meta.ndim)
+        size = src_meta.shape[src_meta.ndim + d]
+        start = args[2] if len(args) > 2 and args[2] is not None else 0
+        end = args[3] if len(args) > 3 and args[3] is not None else size
+        start = max(0, min(size, start + size if start < 0 else start))
+        end = max(start, min(size, end + size if end < 0 else end))
+        if start == 0 and end == size:
+            self.alias[fx.name] = source
+            return True
+        self.add(fx, "slice", [source], {"dim": d, "start": start, "end": end}, meta)
+        return True
+
+    def op_narrow(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        start = args[2]
+        return self.op_slice(fx, [args[0], args[1], start, start + args[3]], kwargs, meta)
+
+    def op_select(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[0])
+        src_meta = self.meta(source)
+        d = norm_dim(args[1], src_meta.ndim)
+        size = src_meta.shape[src_meta.ndim + d]
+        index = args[2] + size if args[2] < 0 else args[2]
+        shape = list(src_meta.shape)
+        shape[src_meta.ndim + d] = 1
+        sliced = self.add(fx, "slice", [source], {"dim": d, "start": index, "end": index + 1},
+                          TensorMeta(tuple(shape), src_meta.dtype), suffix=".slice")
+        self.add(fx, "view", [sliced], {"shape": list(meta.shape)}, meta)
+        return True
+
+    def op_transpose(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[0])
+        nd = self.meta(source).ndim
+        a, b = args[1] % nd, args[2] % nd
+        perm = list(range(nd))
+        perm[a], perm[b] = perm[b], perm[a]
+        return self._permute(fx, source, perm, meta)
+
+    def op_t(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[0])
+        nd = self.meta(source).ndim
+        return self._permute(fx, source, list(range(nd))[::-1], meta)
+
+    def op_permute(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[0])
+        nd = self.meta(source).ndim
+        return self._permute(fx, source, [p % nd for p in args[1]], meta)
+
+    def _permute(self, fx: torch.fx.Node, source: str, perm: list[int], meta: TensorMeta) -> bool:
+        if perm == sorted(perm):
+            self.alias[fx.name] = source
+        else:
+            self.add(fx, "permute", [source], {"perm": perm}, meta)
+        return True
+
+    def op_expand(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[0])
+        if self.meta(source).shape == meta.shape:
+            self.alias[fx.name] = source
+        else:
+            self.add(fx, "expand", [source], {"shape": list(meta.shape)}, meta)
+        return True
+
+    def op_cat(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        parts = [self.value(a) for a in args[0] if isinstance(a, torch.fx.Node)]
+        parts = [p for p in parts if math.prod(self.meta(p).shape) > 0]
+        dim = norm_dim(args[1] if len(args) > 1 else kwargs.get("dim", 0), meta.ndim)
+        if len(parts) == 1:
+            self.alias[fx.name] = parts[0]
+        else:
+            self.add(fx, "cat", parts, {"dim": dim}, meta)
+        return True
+
+    def op_stack(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        dim = norm_dim(args[1] if len(args) > 1 else kwargs.get("dim", 0), meta.ndim)
+        parts = []
+        for i, a in enumerate(args[0]):
+            part = self.value(a)
+            part_meta = self.meta(part)
+            shape = list(part_meta.shape)
+            shape.insert(meta.ndim + dim, 1)
+            parts.append(self.add(fx, "view", [part], {"shape": shape}, TensorMeta(tuple(shape), part_meta.dtype),
+                                  suffix=f".{i}"))
+        self.add(fx, "cat", parts, {"dim": dim}, meta)
+        return True
+
+    def op_linear(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        x, w = self.value(args[0]), self.value(args[1])
+        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        if bias is None:
+            self.add(fx, "linear", [x, w], {}, meta)
+        else:
+            product = self.add(fx, "linear", [x, w], {}, meta, suffix=".nobias")
+            self.add(fx, "binary", [product, self.value(bias)], {"fn": "add"}, meta)
+        return True
+
+    def op_mm(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        self.add(fx, "matmul", [self.value(args[0]), self.value(args[1])], {}, meta)
+        return True
+
+    op_bmm = op_mm
+    op_matmul = op_mm
+
+    def op_addmm(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+            return False
+        product = self.add(fx, "matmul", [self.value(args[1]), self.value(args[2])], {}, meta, suffix=".mm")
+        self.add(fx, "binary", [product, self.value(args[0])], {"fn": "add"}, meta)
+        return True
+
+    def op_embedding(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        padding_idx = args[2] if len(args) > 2 else kwargs.get("padding_idx", -1)
+        self.add(fx, "embedding", [self.value(args[0]), self.value(args[1])], {"padding_idx": padding_idx}, meta)
+        return True
+
+    def op_scaled_dot_product_attention(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any],
+                                        meta: TensorMeta) -> bool:
+        q, k, v = (self.value(a) for a in args[:3])
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+        if dropout not in (0, 0.0):
+            return False
+        attrs = {
+            "is_causal": bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False)),
+            "scale": _literal(kwargs.get("scale", args[6] if len(args) > 6 else None)),
+            "enable_gqa": bool(kwargs.get("enable_gqa", args[7] if len(args) > 7 else False)),
+        }
+        inputs = [q, k, v] + ([self.value(mask)] if isinstance(mask, torch.fx.Node) else [])
+        self.add(fx, "sdpa", inputs, attrs, meta)
+        return True
+
+    def op_masked_fill(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        x, mask, value = args[0], args[1], args[2]
+        if isinstance(value, torch.fx.Node):
+            self.add(fx, "where", [self.value(mask), self.value(value), self.value(x)], {}, meta)
+        else:
+            self.add(fx, "fill", [self.value(x), self.value(mask)], {"value": _literal(value)}, meta)
+        return True
+
+    def op_where(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        if len(args) < 3:
+            return False
+        cond, a, b = args[0], args[1], args[2]
+        if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
+            self.add(fx, "where", [self.value(cond), self.value(a), self.value(b)], {}, meta)
+        elif isinstance(b, torch.fx.Node):
+            self.add(fx, "fill", [self.value(b), self.value(cond)], {"value": _literal(a)}, meta)
+        else:
+            return False
+        return True
+
+    def op_index_put(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        x, indices, value = args[0], args[1], args[2]
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        if accumulate or len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
+            return False
+        mask = indices[0]
+        mask_meta = _meta_of(mask.meta.get("val"))
+        value_meta = _meta_of(value.meta.get("val")) if isinstance(value, torch.fx.Node) else None
+        if mask_meta is None or mask_meta.dtype != "bool" or value_meta is None or value_meta.shape != ():
+            return False
+        # x[mask] = scalar_tensor: a fill where the mask broadcasts over the trailing dims.
+        mask_id = self.value(mask)
+        if mask_meta.ndim < meta.ndim:
+            shape = list(mask_meta.shape) + [1] * (meta.ndim - mask_meta.ndim)
+            mask_id = self.add(fx, "view", [mask_id], {"shape": shape}, TensorMeta(tuple(shape), "bool"),
+                               suffix=".mask")
+        self.add(fx, "where", [mask_id, self.value(value), self.value(x)], {}, meta)
+        return True
+
+    def op_softmax(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[0])
+        self.add(fx, "softmax", [source], {"dim": norm_dim(args[1], meta.ndim)}, meta)
+        return True
+
+    op__softmax = op_softmax
+
+    def op_log_softmax(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[0])
+        self.add(fx, "log_softmax", [source], {"dim": norm_dim(args[1], meta.ndim)}, meta)
+        return True
+
+    op__log_softmax = op_log_softmax
+
+
+def _op_name(fx: torch.fx.Node) -> str:
+    target = fx.target
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return schema.name.split("::")[-1]
+    return getattr(target, "__name__", str(target))
+
+
+def _target_name(fx: torch.fx.Node) -> str:
+    target = fx.target
+    if hasattr(target, "name") and callable(target.name):
+        return str(target.name())
+    return str(target)
+
+
+def _site_of(fx: torch.fx.Node) -> SourceSite | None:
+    return parse_stack_trace(fx.meta.get("stack_trace"))
+
+
+def _module_of(fx: torch.fx.Node) -> tuple[str, str]:
+    stack = fx.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "", ""
+    path, module_type = list(stack.values())[-1]
+    return str(path), str(module_type)
+
+
+def to_graph(program: torch.export.ExportedProgram, name: str, rank: int | None, world_size: int,
+             resolve_group: Callable[[str], tuple[int, ...]] | None = None) -> Graph:
+    return _Builder(program, name, rank, world_size, resolve_group).build()

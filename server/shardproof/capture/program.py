@@ -1,0 +1,250 @@
+"""Capture a check: the reference graph, and per rank its graph and parameter provenance.
+
+Everything runs on meta tensors in this one process: the reference is built under
+`torch.device("meta")`, every rank of the parallel version is built and traced under the fake
+process group, and non-strict `torch.export` + functionalisation give graphs with collectives as
+nodes. The reference is rebuilt for every rank because `parallel` may shard it in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import Check, Project
+from ..errors import ConfigError, UserCodeError, user_code_error
+from ..graph.model import Graph
+from ..relations.expr import Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
+from .fake_pg import fake_rank, group_ranks
+from .frames import exact_stack_traces
+from .normalize import dtype_name, to_graph
+from .provenance import ProvenanceTracker
+from .remap import extended_collective_remaps
+
+ProgressFn = Callable[[str], None]
+
+
+@dataclass
+class RankCapture:
+    rank: int
+    graph: Graph
+    values: dict[str, Expr]  # placeholder target (parameter / buffer FQN) -> provenance over the reference
+
+
+@dataclass
+class ReferenceCapture:
+    graph: Graph
+    values: dict[str, Expr]  # placeholder target -> ParamRef, or a Constant for recomputable buffers
+    inputs: tuple[Any, ...]  # the real example inputs (for numeric checks)
+    seconds: float
+
+
+@dataclass
+class CaptureResult:
+    reference: ReferenceCapture
+    ranks: list[RankCapture]
+    world_size: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def import_roots(paths: tuple[Path, ...]) -> Iterator[None]:
+    added = [str(p) for p in paths if str(p) not in sys.path]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for p in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(p)
+
+
+def forget_project_modules(project: Project) -> None:
+    """Drop already-imported modules of the user's project (by location, and by the packages its
+    checks name) so the next import sees the files as they are now: a long-lived worker verifies
+    the project again after edits, or another project with the same package names."""
+    roots = tuple(str(p) + "/" for p in project.python_path)
+    specs = [spec for c in project.checks for spec in (c.reference, c.parallel, c.inputs)]
+    packages = {spec.split(":")[0].split(".")[0] for spec in specs}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None) or ""
+        if (file.startswith(roots) and "site-packages" not in file) or name.split(".")[0] in packages:
+            del sys.modules[name]
+    importlib.invalidate_caches()
+
+
+def load_callable(spec: str, role: str, check: Check, project: Project) -> Callable[..., Any]:
+    module_name, _, attr_path = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigError(
+                f"check {check.name!r}: {role} module {module_name!r} not found (import roots: "
+                f"{', '.join(str(p) for p in project.python_path)})",
+                project.site(check.line),
+            ) from None
+        raise user_code_error(exc, f"importing {module_name}") from None
+    except Exception as exc:
+        raise user_code_error(exc, f"importing {module_name}") from None
+    target: Any = module
+    for part in attr_path.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"check {check.name!r}: {role} {spec!r}: {module_name} has no {attr_path!r}",
+                              project.site(check.line))
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(f"check {check.name!r}: {role} {spec!r} is not callable", project.site(check.line))
+    return target
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("meta")
+    if isinstance(value, list | tuple):
+        return type(value)(_to_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_meta(v) for k, v in value.items()}
+    return value
+
+
+def _call_user(fn: Callable[..., Any], stage: str, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except (ConfigError, UserCodeError):
+        raise
+    except Exception as exc:
+        raise user_code_error(exc, stage) from None
+
+
+def _build_reference(build: Callable[[], Any], tracker: ProvenanceTracker) -> tuple[nn.Module, dict[str, Expr]]:
+    with tracker, torch.device("meta"):
+        module = _call_user(build, "building the reference")
+    if not isinstance(module, nn.Module):
+        raise UserCodeError(f"the reference builder returned {type(module).__name__}, not an nn.Module")
+    module.eval()
+    values: dict[str, Expr] = {}
+    persistent = {name for name, _ in module.state_dict(keep_vars=True).items()}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        expr = ParamRef(name=name, shape=tuple(param.shape), dtype=dtype_name(param.dtype))
+        tracker.register(param, expr)
+        values[name] = expr
+    for name, buffer in module.named_buffers(remove_duplicate=False):
+        constructed = tracker.expr_of(buffer)
+        if name in persistent or not is_deterministic(constructed):
+            expr = ParamRef(name=name, shape=tuple(buffer.shape), dtype=dtype_name(buffer.dtype))
+            tracker.register(buffer, expr)
+        else:
+            expr = constructed
+        values[name] = expr
+    return module, values
+
+
+def _export(module: nn.Module, inputs: tuple[Any, ...], stage: str) -> torch.export.ExportedProgram:
+    try:
+        with torch.no_grad(), exact_stack_traces(), extended_collective_remaps():
+            program = torch.export.export(module, inputs, strict=False)
+            return program.run_decompositions(decomp_table={})
+    except Exception as exc:
+        raise user_code_error(exc, stage) from None
+
+
+def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size: int) -> Expr:
+    """An explicit relation from the declaration, for shards the builder initialises itself."""
+    if relation == "replicated":
+        return reference
+    if relation == "share":
+        return ScaleOf(source=reference, factor=Fraction(1, world_size), shape=reference.shape, dtype=reference.dtype)
+    dim = int(relation.split(":")[1])
+    nd = len(reference.shape)
+    dim = dim - nd if dim >= 0 else dim
+    size = reference.shape[nd + dim]
+    per_rank = size // world_size
+    return SliceOf(source=reference, dim=dim, start=rank * per_rank, end=(rank + 1) * per_rank, shape=expr.shape,
+                   dtype=reference.dtype)
+
+
+class CheckCapture:
+    """Captures one check; the reference graph is captured once and reused for every world size."""
+
+    def __init__(self, check: Check, project: Project, progress: ProgressFn | None = None) -> None:
+        self.check = check
+        self.project = project
+        self.progress = progress or (lambda _msg: None)
+        self._reference: ReferenceCapture | None = None
+        with import_roots(project.python_path):
+            forget_project_modules(project)
+            self.build_reference = load_callable(check.reference, "reference", check, project)
+            self.build_parallel = load_callable(check.parallel, "parallel", check, project)
+            self.make_inputs = load_callable(check.inputs, "inputs", check, project)
+
+    def reference(self) -> ReferenceCapture:
+        if self._reference is None:
+            start = time.perf_counter()
+            self.progress("capturing the reference")
+            with import_roots(self.project.python_path):
+                inputs = _call_user(self.make_inputs, "making the example inputs")
+                if not isinstance(inputs, tuple):
+                    inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
+                tracker = ProvenanceTracker()
+                module, values = _build_reference(self.build_reference, tracker)
+                program = _export(module, _to_meta(inputs), "tracing the reference")
+                graph = to_graph(program, "reference", None, 1)
+            self._reference = ReferenceCapture(graph, values, inputs, time.perf_counter() - start)
+        return self._reference
+
+    def capture(self, world_size: int) -> CaptureResult:
+        reference = self.reference()
+        meta_inputs = _to_meta(reference.inputs)
+        ranks: list[RankCapture] = []
+        start = time.perf_counter()
+        with import_roots(self.project.python_path):
+            for rank in range(world_size):
+                self.progress(f"capturing rank {rank} of {world_size}")
+                with fake_rank(rank, world_size):
+                    tracker = ProvenanceTracker()
+                    reference_module, reference_values = _build_reference(self.build_reference, tracker)
+                    with tracker, torch.device("meta"):
+                        module = _call_user(self.build_parallel, f"building rank {rank} of {world_size}",
+                                            reference_module, rank, world_size)
+                    if not isinstance(module, nn.Module):
+                        raise UserCodeError(
+                            f"the parallel builder returned {type(module).__name__} for rank {rank}, not an nn.Module"
+                        )
+                    module.eval()
+                    values = self._rank_values(module, tracker, reference_values, rank, world_size)
+                    program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}")
+                    graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
+                ranks.append(RankCapture(rank, graph, values))
+        elapsed = time.perf_counter() - start
+        return CaptureResult(reference, ranks, world_size,
+                             {"reference": reference.seconds, "ranks": elapsed})
+
+    def _rank_values(self, module: nn.Module, tracker: ProvenanceTracker, reference_values: dict[str, Expr],
+                     rank: int, world_size: int) -> dict[str, Expr]:
+        values: dict[str, Expr] = {}
+        tensors = list(module.named_parameters(remove_duplicate=False)) + list(
+            module.named_buffers(remove_duplicate=False))
+        for name, tensor in tensors:
+            expr = tracker.expr_of(tensor)
+            relation = self.check.relation_override(name)
+            if relation is not None:
+                reference = reference_values.get(name)
+                if reference is None:
+                    raise ConfigError(
+                        f"check {self.check.name!r}: parameter override for {name!r} names no reference parameter",
+                        self.project.site(self.check.line),
+                    )
+                expr = _override(expr, relation, reference, rank, world_size)
+            values[name] = expr
+        return values

@@ -1,0 +1,218 @@
+"""The one declaration of what to verify: `[tool.shardproof]` in the user's pyproject.toml.
+
+```toml
+[tool.shardproof]
+python-path = ["."]                            # optional; import roots relative to this file
+
+[[tool.shardproof.check]]
+name = "llama-tp"
+reference = "mymodel.model:build"              # () -> nn.Module, the sequential model
+parallel = "mymodel.tp:parallelize"            # (reference_module, rank, world_size) -> nn.Module
+inputs = "mymodel.model:example_inputs"        # () -> tuple of example inputs
+world-sizes = [2, 4, 8]
+outputs = "replicated"                         # optional: replicated | sharded | partial (default sharded)
+
+[tool.shardproof.check.parameters]            # optional overrides, by rank parameter name pattern
+"layers.*.rotary.inv_freq" = "replicated"      # replicated | shard:<dim> | share (1/world_size of it)
+
+[tool.shardproof.check.bounds]                # optional saturation bounds
+iterations = 200
+seconds = 120
+memory-mb = 8192
+```
+
+Keys may be spelled with dashes or underscores. The CLI and the language server both read checks
+through `load_project`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .graph.model import Frame
+
+OUTPUT_EXPECTATIONS = ("replicated", "sharded", "partial")
+_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_RELATION = re.compile(r"^(replicated|share|shard:-?\d+)$")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    iterations: int = 400
+    seconds: float = 300.0
+    memory_mb: int = 8192
+    max_rows: int = 3_000_000
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    reference: str
+    parallel: str
+    inputs: str
+    world_sizes: tuple[int, ...]
+    outputs: str = "sharded"
+    parameters: tuple[tuple[str, str], ...] = ()
+    bounds: Bounds = field(default_factory=Bounds)
+    line: int = 0  # line of the check's table in pyproject.toml
+
+    def relation_override(self, parameter: str) -> str | None:
+        for pattern, relation in self.parameters:
+            if fnmatch.fnmatchcase(parameter, pattern):
+                return relation
+        return None
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    pyproject: Path
+    python_path: tuple[Path, ...]
+    checks: tuple[Check, ...]
+
+    def check(self, name: str) -> Check:
+        for check in self.checks:
+            if check.name == name:
+                return check
+        names = ", ".join(c.name for c in self.checks) or "none"
+        raise ConfigError(f"no check named {name!r} (declared: {names})", self.site(1))
+
+    def site(self, line: int) -> Frame:
+        return Frame(str(self.pyproject), line, "[tool.shardproof]")
+
+
+def _key(table: dict[str, Any], name: str) -> Any:
+    for spelling in (name, name.replace("_", "-"), name.replace("-", "_")):
+        if spelling in table:
+            return table[spelling]
+    return None
+
+
+def _line_of(lines: list[str], needle: str, start: int = 0) -> int:
+    for index in range(start, len(lines)):
+        if needle in lines[index]:
+            return index + 1
+    return start + 1 if start < len(lines) else 1
+
+
+def find_pyproject(start: Path) -> Path | None:
+    start = start.resolve()
+    for directory in [start, *start.parents] if start.is_dir() else [start.parent, *start.parent.parents]:
+        candidate = directory / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_project(path: Path) -> Project:
+    """Read the checks of the project at `path` (a directory or a pyproject.toml)."""
+    pyproject = path if path.name == "pyproject.toml" else find_pyproject(path)
+    if pyproject is None or not pyproject.is_file():
+        raise ConfigError(f"no pyproject.toml found at or above {path}")
+    text = pyproject.read_text(encoding="utf-8")
+    return parse_project(text, pyproject)
+
+
+def parse_project(text: str, pyproject: Path) -> Project:
+    lines = text.splitlines()
+
+    def site(line: int) -> Frame:
+        return Frame(str(pyproject), line, "[tool.shardproof]", lines[line - 1].strip() if 0 < line <= len(lines)
+                     else "")
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        raise ConfigError(f"pyproject.toml is not valid TOML: {exc}", site(int(match[1]) if match else 1)) from None
+    tool = data.get("tool", {}).get("shardproof")
+    if tool is None:
+        raise ConfigError("pyproject.toml has no [tool.shardproof] section", site(1))
+    section_line = _line_of(lines, "tool.shardproof")
+    root = pyproject.parent
+    python_path_raw = _key(tool, "python_path") or ["."]
+    if not isinstance(python_path_raw, list) or not all(isinstance(p, str) for p in python_path_raw):
+        raise ConfigError("python-path must be a list of directories", site(_line_of(lines, "python")))
+    python_path = tuple((root / p).resolve() for p in python_path_raw)
+    raw_checks = _key(tool, "check")
+    if not isinstance(raw_checks, list) or not raw_checks:
+        raise ConfigError("declare at least one [[tool.shardproof.check]]", site(section_line))
+    checks: list[Check] = []
+    search_from = 0
+    seen: set[str] = set()
+    for raw in raw_checks:
+        line = _line_of(lines, "[[tool.shardproof.check]]", search_from)
+        search_from = line
+        checks.append(_parse_check(raw, line, lines, site, seen))
+    return Project(root=root, pyproject=pyproject, python_path=python_path, checks=tuple(checks))
+
+
+def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str]) -> Check:
+    if not isinstance(raw, dict):
+        raise ConfigError("each [[tool.shardproof.check]] must be a table", site(line))
+
+    def key_line(key: str) -> int:
+        for spelling in (key, key.replace("_", "-")):
+            found = _line_of(lines, spelling, line - 1)
+            if found != line or spelling in lines[line - 1]:
+                return found
+        return line
+
+    name = _key(raw, "name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError("a check needs a non-empty `name`", site(line))
+    if name in seen:
+        raise ConfigError(f"check name {name!r} is declared twice", site(key_line("name")))
+    seen.add(name)
+    specs: dict[str, str] = {}
+    for key in ("reference", "parallel", "inputs"):
+        value = _key(raw, key)
+        if not isinstance(value, str) or not _SPEC.match(value):
+            raise ConfigError(
+                f"check {name!r}: `{key}` must be \"package.module:function\", got {value!r}", site(key_line(key))
+            )
+        specs[key] = value
+    world_sizes = _key(raw, "world_sizes")
+    if (not isinstance(world_sizes, list) or not world_sizes
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in world_sizes)):
+        raise ConfigError(f"check {name!r}: `world-sizes` must be a list of positive integers",
+                          site(key_line("world_sizes")))
+    outputs = _key(raw, "outputs") or "sharded"
+    if outputs not in OUTPUT_EXPECTATIONS:
+        raise ConfigError(f"check {name!r}: `outputs` must be one of {', '.join(OUTPUT_EXPECTATIONS)}",
+                          site(key_line("outputs")))
+    parameters_raw = _key(raw, "parameters") or {}
+    if not isinstance(parameters_raw, dict):
+        raise ConfigError(f"check {name!r}: `parameters` must be a table of pattern = relation",
+                          site(key_line("parameters")))
+    parameters: list[tuple[str, str]] = []
+    for pattern, relation in parameters_raw.items():
+        if not isinstance(relation, str) or not _RELATION.match(relation):
+            raise ConfigError(
+                f"check {name!r}: relation for {pattern!r} must be replicated, share or shard:<dim>, got {relation!r}",
+                site(key_line(pattern)),
+            )
+        parameters.append((pattern, relation))
+    bounds_raw = _key(raw, "bounds") or {}
+    if not isinstance(bounds_raw, dict):
+        raise ConfigError(f"check {name!r}: `bounds` must be a table", site(key_line("bounds")))
+    defaults = Bounds()
+    try:
+        bounds = Bounds(
+            iterations=int(_key(bounds_raw, "iterations") or defaults.iterations),
+            seconds=float(_key(bounds_raw, "seconds") or defaults.seconds),
+            memory_mb=int(_key(bounds_raw, "memory_mb") or defaults.memory_mb),
+            max_rows=int(_key(bounds_raw, "max_rows") or defaults.max_rows),
+        )
+    except (TypeError, ValueError):
+        raise ConfigError(f"check {name!r}: bounds must be numbers", site(key_line("bounds"))) from None
+    return Check(
+        name=name, reference=specs["reference"], parallel=specs["parallel"], inputs=specs["inputs"],
+        world_sizes=tuple(world_sizes), outputs=outputs, parameters=tuple(parameters), bounds=bounds, line=line,
+    )

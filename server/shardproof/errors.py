@@ -1,0 +1,68 @@
+"""Errors that reach the user: always with a file and line, never a bare traceback."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from .graph.model import Frame
+
+
+class ShardproofError(Exception):
+    """Base class; `site` says where the user should look."""
+
+    def __init__(self, message: str, site: Frame | None = None, detail: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.site = site
+        self.detail = detail
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": type(self).__name__,
+            "message": self.message,
+            "site": None if self.site is None else _frame_dict(self.site),
+            "detail": self.detail,
+        }
+
+
+class ConfigError(ShardproofError):
+    """The `[tool.shardproof]` declaration is missing or malformed."""
+
+
+class UserCodeError(ShardproofError):
+    """User code failed: an import error, an exception in a builder, an untraceable model."""
+
+
+def _frame_dict(frame: Frame) -> dict[str, Any]:
+    return {
+        "file": frame.file, "line": frame.line, "column": frame.column, "end_line": frame.end_line,
+        "end_column": frame.end_column, "function": frame.function, "code": frame.code,
+    }
+
+
+def user_code_error(exc: BaseException, stage: str) -> UserCodeError:
+    """Wrap an exception from user code, located at the innermost frame of the user's files."""
+    from .capture.frames import is_user_file
+
+    site: Frame | None = None
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        col = (exc.offset - 1) if exc.offset else None
+        end_col = (exc.end_offset - 1) if exc.end_offset and exc.end_offset > 0 else None
+        site = Frame(exc.filename, exc.lineno, "<module>", (exc.text or "").strip(), col, exc.end_lineno, end_col)
+    else:
+        frames = traceback.extract_tb(exc.__traceback__)
+        for summary in reversed(frames):
+            if is_user_file(summary.filename):
+                site = Frame(summary.filename, summary.lineno or 0, summary.name, (summary.line or "").strip(),
+                             getattr(summary, "colno", None), getattr(summary, "end_lineno", None),
+                             getattr(summary, "end_colno", None))
+                break
+    message = f"{stage}: {type(exc).__name__}: {_first_line(exc)}"
+    detail = "".join(traceback.format_exception(exc)).strip()
+    return UserCodeError(message, site, detail)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

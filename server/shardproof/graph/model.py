@@ -1,0 +1,128 @@
+"""shardproof's graph IR: torch-free, serialisable, one per captured program.
+
+Invariants (what capture guarantees and every later stage relies on):
+- `Graph.nodes` is in topological order; every id in `Node.inputs` names an earlier node or a
+  placeholder of the same graph.
+- every tensor value has a `TensorMeta`; dims stored in `Node.attrs` are negative (counted from
+  the last dimension), so broadcasting operands line up without renumbering.
+- collectives carry the ranks of their group, never a process-group name.
+- `Node.site` holds the user frames (outermost first) of the call that created the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One user stack frame with the exact source range of the executing expression."""
+
+    file: str
+    line: int
+    function: str
+    code: str = ""
+    column: int | None = None  # 0-based, code points
+    end_line: int | None = None
+    end_column: int | None = None  # exclusive
+
+    def location(self) -> str:
+        col = f":{self.column + 1}" if self.column is not None else ""
+        return f"{self.file}:{self.line}{col}"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSite:
+    """The user frames of a call, outermost first; the last frame is where the op ran."""
+
+    frames: tuple[Frame, ...]
+
+    @property
+    def innermost(self) -> Frame | None:
+        return self.frames[-1] if self.frames else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frames": [asdict(f) for f in self.frames]}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> SourceSite:
+        return SourceSite(tuple(Frame(**f) for f in data["frames"]))
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | broadcast
+    reduce_op: str | None  # sum | max | min | avg | None
+    group: tuple[int, ...]  # global ranks, in group order
+    dim: int = 0  # gather / scatter dimension (functional collectives use dim 0)
+    src: int | None = None  # broadcast source, a global rank
+    output_splits: tuple[int, ...] | None = None
+    input_splits: tuple[int, ...] | None = None
+
+
+@dataclass(slots=True)
+class Node:
+    id: str
+    op: str
+    inputs: tuple[str, ...]
+    attrs: dict[str, Any]
+    meta: TensorMeta
+    site: SourceSite | None = None
+    module_path: str = ""
+    module_type: str = ""
+    collective: Collective | None = None
+    original: str = ""  # the aten op the node was normalised from
+
+
+PLACEHOLDER_KINDS = ("parameter", "buffer", "input", "constant")
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    id: str
+    kind: str  # one of PLACEHOLDER_KINDS
+    target: str  # parameter / buffer FQN, input path ("0", "0.tokens"), constant name
+    meta: TensorMeta
+
+
+@dataclass(slots=True)
+class Graph:
+    """A captured program: the reference (rank None) or one rank of the parallel version."""
+
+    name: str  # "reference" or "rank0", "rank1", ...
+    rank: int | None
+    world_size: int
+    placeholders: list[Placeholder]
+    nodes: list[Node]
+    outputs: list[str]
+    source_files: set[str] = field(default_factory=set)
+
+    def node_map(self) -> dict[str, Node]:
+        return {n.id: n for n in self.nodes}
+
+    def meta_of(self, value_id: str) -> TensorMeta:
+        for p in self.placeholders:
+            if p.id == value_id:
+                return p.meta
+        for n in self.nodes:
+            if n.id == value_id:
+                return n.meta
+        raise KeyError(value_id)
+
+    def consumers(self) -> dict[str, list[str]]:
+        users: dict[str, list[str]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                users.setdefault(i, []).append(n.id)
+        return users

@@ -1,0 +1,817 @@
+"""From "not proven" to "this line, this mistake".
+
+After saturation every reference value either has relations to each rank's values or not. A
+reference value is *broken* on a rank when it has none and every path from it to a failing
+output runs through values that have none either; the topologically first broken value is the
+point where the parallel program stops computing the reference's function. Detectors then ask
+why, using only the proven relations, the rank graphs and the parameter provenance:
+
+  duplicate-reduction      an all-reduce sums values that are already complete
+  missing-reduction        a partial sum is consumed by something that is not linear / not reduced
+  bias-before-reduction    a replicated parameter is added to a partial sum that is then reduced
+  wrong-scaling            a share of a value has the wrong fraction for the partial it joins
+  wrong-shard              inputs hold selections that do not fit together; the one that breaks
+                           the tiling across ranks is traced back to the slice that made it
+  shard-order / wrong-layout   outputs or fused pieces in the wrong order or dimension
+  unrelated-parameter      a parameter not derived from the reference
+  collective-mismatch      ranks disagree on their collective calls
+
+Unknown ops on sharded inputs make the result inconclusive instead of a discrepancy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..graph.model import Frame, Graph, Node, Placeholder, SourceSite
+from ..relations import expr as px
+from ..results import Discrepancy, Site, Unsupported
+from ..verify.encode import CollectiveIssue
+from ..verify.relations_found import Relation, RelationIndex
+from .sites import Line, line_of, pick_frame, reference_lines, to_site
+
+_LINEAR_OPS = {("binary", "add"), ("binary", "sub"), ("scalar", "mul"), ("scalar", "div"), ("unary", "neg"),
+               ("view", None), ("permute", None), ("slice", None), ("cat", None), ("expand", None)}
+_SUPPORTED = {"slice", "cat", "view", "permute", "expand", "unary", "scalar", "binary", "where", "fill", "reduce",
+              "softmax", "log_softmax", "linear", "matmul", "embedding", "sdpa", "constant", "uninitialized",
+              "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
+
+
+@dataclass
+class Evidence:
+    reference: Graph
+    ranks: list[Graph]
+    rank_values: list[dict[str, px.Expr]]
+    index: RelationIndex
+    issues: list[CollectiveIssue]
+
+
+def _fn(node: Node) -> str | None:
+    return node.attrs.get("fn") if node.op in ("unary", "scalar", "binary", "reduce") else None
+
+
+def _describe_op(node: Node) -> str:
+    fn = _fn(node)
+    if node.op == "generic":
+        return str(node.attrs.get("target", "op"))
+    return f"{node.op}({fn})" if fn else node.op
+
+
+class Localizer:
+    def __init__(self, evidence: Evidence) -> None:
+        self.ev = evidence
+        self.index = evidence.index
+        self.reference = evidence.reference
+        self.ref_nodes = self.reference.node_map()
+        self.ref_placeholders = {p.id: p for p in self.reference.placeholders}
+        self.rank_nodes = [g.node_map() for g in evidence.ranks]
+        self.rank_placeholders = [{p.id: p for p in g.placeholders} for g in evidence.ranks]
+        self.rank_consumers = [g.consumers() for g in evidence.ranks]
+        self.topo = {n.id: i for i, n in enumerate(self.reference.nodes)}
+        self.ref_lines = reference_lines(self.reference)
+
+    # -- entry point ----------------------------------------------------------------------------------
+    def explain(self, failing_outputs: list[int]) -> Discrepancy | Unsupported:
+        if self.ev.issues:
+            return self.collective_mismatch(self.ev.issues[0])
+        duplicate = self.duplicate_reduction()
+        broken: list[tuple[int, int, str]] = []
+        failing_ids = [self.reference.outputs[i] for i in failing_outputs]
+        for rank in range(len(self.ev.ranks)):
+            first = self.first_broken(rank, failing_ids)
+            if first is not None:
+                broken.append((self.topo[first], rank, first))
+        if duplicate is not None and (not broken or duplicate.details.get("topo", 1 << 30) <= min(broken)[0] + 1):
+            return duplicate
+        if not broken:
+            return self.output_mismatch(failing_outputs)
+        # The earliest broken value, on the first rank where a detector can name a location; ranks
+        # that skip the computation entirely (a full slice is no node at all) have nothing to show.
+        fallback: Discrepancy | Unsupported | None = None
+        for _, rank, node_id in sorted(broken):
+            ranks = sorted({r for _, r, n in broken if n == node_id})
+            found = self.diagnose(self.ref_nodes[node_id], rank, ranks)
+            if isinstance(found, Unsupported) or (found.primary is not None):
+                return found
+            fallback = fallback or found
+        assert fallback is not None
+        return fallback
+
+    def diagnose(self, node: Node, rank: int, ranks: list[int]) -> Discrepancy | Unsupported:
+        detectors: list[Callable[[Node, int], Discrepancy | Unsupported | None]] = [
+            self.partial_misuse, self.embedding_mask, self.mismatch,
+        ]
+        for detector in detectors:
+            found = detector(node, rank)
+            if found is not None:
+                if isinstance(found, Discrepancy):
+                    found.ranks = found.ranks or ranks
+                return found
+        return self.not_equivalent(node, rank, ranks)
+
+    # -- the broken frontier ----------------------------------------------------------------------------
+    def first_broken(self, rank: int, failing_ids: list[str]) -> str | None:
+        unrelated = {n.id for n in self.reference.nodes if not self.index.related(n.id, rank)}
+        harmful: set[str] = set()
+        stack = [o for o in failing_ids if o in unrelated]
+        while stack:
+            value = stack.pop()
+            if value in harmful:
+                continue
+            harmful.add(value)
+            node = self.ref_nodes.get(value)
+            if node is not None:
+                stack.extend(i for i in node.inputs if i in unrelated)
+        for node in self.reference.nodes:
+            if node.id in harmful and not any(i in harmful for i in node.inputs):
+                return node.id
+        return None
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def rank_node(self, rank: int, value: str) -> Node | None:
+        return self.rank_nodes[rank].get(value)
+
+    def site_of_value(self, graph_nodes: dict[str, Node], value: str) -> SourceSite | None:
+        node = graph_nodes.get(value)
+        return node.site if node is not None else None
+
+    def ref_site(self, node: Node, note: str = "") -> Site | None:
+        frame = node.site.innermost if node.site else None
+        return to_site(frame, note)
+
+    def rank_site(self, node: Node, note: str = "", innocent: set[Line] | None = None) -> Site | None:
+        return to_site(pick_frame(node.site, self.ref_lines | (innocent or set())), note)
+
+    def rank_frame(self, node: Node, innocent: set[Line] | None = None) -> Frame | None:
+        return pick_frame(node.site, self.ref_lines | (innocent or set()))
+
+    def relations_between(self, ref_value: str, rank: int, value: str) -> list[Relation]:
+        return [rel for rel, values in self.index.relations(ref_value, rank) if value in values]
+
+    def is_related(self, rank: int, value: str) -> bool:
+        return bool(self.index.relations_of_rank_value(rank, value))
+
+    def ref_value_name(self, value: str) -> str:
+        if value in self.ref_placeholders:
+            return self.ref_placeholders[value].target
+        node = self.ref_nodes.get(value)
+        if node is None:
+            return value
+        where = f" ({node.module_path})" if node.module_path else ""
+        return f"{_describe_op(node)}{where}"
+
+    def aligned(self, ref_node: Node, rank: int) -> Node | None:
+        """The rank node that plays the part of `ref_node`: same op, inputs related to its inputs."""
+        related_inputs: list[set[str]] = []
+        for value in ref_node.inputs:
+            related_inputs.append({v for _, vals in self.index.relations(value, rank) for v in vals})
+        best: tuple[int, int, int, Node] | None = None
+        for order, node in enumerate(self.ev.ranks[rank].nodes):
+            if node.op != ref_node.op or _fn(node) != _fn(ref_node):
+                continue
+            matches = sum(1 for k, v in enumerate(node.inputs) if k < len(related_inputs) and v in related_inputs[k])
+            loose = sum(1 for v in node.inputs if any(v in s for s in related_inputs))
+            same_id = 1 if node.id == ref_node.id else 0
+            score = (matches * 4 + loose * 2 + same_id, -order)
+            candidate = (score[0], score[1], order, node)
+            if (matches or loose or same_id) and (best is None or candidate[:2] > best[:2]):
+                best = candidate
+        return best[3] if best else None
+
+    def downstream_all_reduce(self, rank: int, value: str, depth: int = 8) -> Node | None:
+        frontier = [value]
+        seen: set[str] = set()
+        for _ in range(depth):
+            next_frontier: list[str] = []
+            for v in frontier:
+                for consumer_id in self.rank_consumers[rank].get(v, []):
+                    if consumer_id in seen:
+                        continue
+                    seen.add(consumer_id)
+                    consumer = self.rank_nodes[rank][consumer_id]
+                    if consumer.op == "all_reduce":
+                        return consumer
+                    if (consumer.op, _fn(consumer) if consumer.op in ("binary", "scalar", "unary") else None) in \
+                            _LINEAR_OPS:
+                        next_frontier.append(consumer_id)
+            frontier = next_frontier
+        return None
+
+    def is_parameter_value(self, rank: int, value: str) -> str | None:
+        """Name of the parameter or buffer a rank value is (or is a share of), if any."""
+        placeholder = self.rank_placeholders[rank].get(value)
+        if placeholder is not None and placeholder.kind in ("parameter", "buffer"):
+            return placeholder.target
+        c = self.index.class_of(f"rank{rank}", value)
+        if c is not None:
+            for ref_value in self.index.reference_values(c):
+                ref_placeholder = self.ref_placeholders.get(ref_value)
+                if ref_placeholder is not None and ref_placeholder.kind in ("parameter", "buffer"):
+                    return ref_placeholder.target
+        node = self.rank_node(rank, value)
+        if node is not None and node.op in ("scalar", "view", "unary") and node.inputs:
+            return self.is_parameter_value(rank, node.inputs[0])
+        return None
+
+    # -- detectors ----------------------------------------------------------------------------------
+    def collective_mismatch(self, issue: CollectiveIssue) -> Discrepancy:
+        graph_name, node_id = issue.nodes[0] if issue.nodes else ("", "")
+        rank = int(graph_name.removeprefix("rank")) if graph_name.startswith("rank") else 0
+        node = self.rank_node(rank, node_id)
+        related = []
+        for other_graph, other_id in issue.nodes[1:4]:
+            other_rank = int(other_graph.removeprefix("rank"))
+            other = self.rank_node(other_rank, other_id)
+            if other is not None:
+                related.append(self.rank_site(other, f"rank {other_rank}: {other.op}"))
+        return Discrepancy(
+            kind="collective-mismatch",
+            message=issue.message,
+            primary=self.rank_site(node) if node else None,
+            related=[s for s in related if s],
+            ranks=list(issue.group),
+            parallel_nodes=[f"{g}/{n}" for g, n in issue.nodes],
+            expected="every rank of the group makes the same sequence of collective calls",
+            found=issue.message,
+            suggestion="make every rank of the group call the same collectives in the same order",
+        )
+
+    def duplicate_reduction(self) -> Discrepancy | None:
+        """An all-reduce whose input already equals a reference value: it multiplies by the group size."""
+        for rank, graph in enumerate(self.ev.ranks):
+            correct_lines = self._correct_collective_lines(rank)
+            for node in graph.nodes:
+                if node.op != "all_reduce" or node.collective is None or node.collective.reduce_op != "sum":
+                    continue
+                if len(node.collective.group) <= 1:
+                    continue
+                source = node.inputs[0]
+                c = self.index.class_of(graph.name, source)
+                out_c = self.index.class_of(graph.name, node.id)
+                if c is None or not self.index.has_reference_member(c):
+                    continue
+                if out_c is not None and self.index.has_reference_member(out_c):
+                    continue
+                ref_value = self.index.reference_values(c)[0]
+                ref_node = self.ref_nodes.get(ref_value)
+                producer = self.rank_node(rank, source)
+                related = []
+                if producer is not None:
+                    related.append(self.rank_site(producer, "the value is already complete here"))
+                if ref_node is not None:
+                    related.append(self.ref_site(ref_node, "the reference value it already equals"))
+                n = len(node.collective.group)
+                topo = self.topo.get(ref_value, 0)
+                return Discrepancy(
+                    kind="duplicate-reduction",
+                    message=f"this all-reduce sums a value that every rank already holds in full "
+                            f"({self.ref_value_name(ref_value)}), so the result is {n}x too large",
+                    primary=self.rank_site(node, innocent=correct_lines),
+                    reference=self.ref_site(ref_node) if ref_node else None,
+                    related=[s for s in related if s],
+                    ranks=list(node.collective.group),
+                    reference_node=ref_value,
+                    parallel_nodes=[f"{graph.name}/{node.id}"],
+                    expected=f"rank {rank} holds {self.ref_value_name(ref_value)} in full (replicated)",
+                    found=f"the all-reduce adds the {n} identical copies",
+                    suggestion="remove the second all-reduce (the value was reduced already)",
+                    details={"topo": topo},
+                )
+        return None
+
+    def _correct_collective_lines(self, rank: int) -> set[Line]:
+        """Innermost lines of all-reduces that do their job: a helper used correctly elsewhere."""
+        lines: set[Line] = set()
+        graph = self.ev.ranks[rank]
+        for node in graph.nodes:
+            if node.op != "all_reduce" or node.site is None or node.site.innermost is None:
+                continue
+            out_c = self.index.class_of(graph.name, node.id)
+            if out_c is not None and self.index.has_reference_member(out_c):
+                lines.add(line_of(node.site.innermost))
+        return lines
+
+    def partial_misuse(self, ref_node: Node, rank: int) -> Discrepancy | None:
+        for position, value in enumerate(ref_node.inputs):
+            relations = self.index.relations(value, rank)
+            if not relations or any(rel.kind != "psum" for rel, _ in relations):
+                continue
+            partials = [(rel, v) for rel, values in relations for v in values]
+            consumers = [(rel, v, self.rank_nodes[rank][c]) for rel, v in partials
+                         for c in self.rank_consumers[rank].get(v, [])]
+            if not consumers:
+                continue
+            reductions = [item for item in consumers if item[2].op == "all_reduce"]
+            if reductions:
+                return self.reduction_coverage(ref_node, value, rank, reductions[0][2])
+            aligned = self.aligned(ref_node, rank)
+            rel, partial_value, consumer = next(
+                (item for item in consumers if aligned is not None and item[2].id == aligned.id), consumers[0])
+            return self._partial_consumed(ref_node, value, position, rank, rel, partial_value, consumer)
+        return None
+
+    def _partial_consumed(self, ref_node: Node, ref_value: str, position: int, rank: int, rel: Relation,
+                          partial_value: str, consumer: Node) -> Discrepancy:
+        producer = self.rank_node(rank, partial_value)
+        fraction = f"[{rel.start}:{rel.end}] of its {rel.total} reduced indices"
+        holds = f"each rank holds a partial sum over {fraction}" if rel.total else "each rank holds a partial sum"
+        ref_input = self.ref_nodes.get(ref_value)
+        other_values = [v for v in consumer.inputs if v != partial_value]
+        reference_site = self.ref_site(ref_node, "the reference uses the full value here")
+        if consumer.op == "binary" and consumer.attrs.get("fn") in ("add", "sub") and other_values:
+            other = other_values[0]
+            share = self._share_of(rank, other, ref_node)
+            if share is not None:
+                num, den, share_node = share
+                width = rel.end - rel.start
+                if width * den != rel.total * num:
+                    counted = f"{num * rel.total}/{den * width}" if width else "?"
+                    return Discrepancy(
+                        kind="wrong-scaling",
+                        message=f"this rank adds {num}/{den} of {self.ref_value_name(share_node)} to a partial sum "
+                                f"over {width}/{rel.total} of the reduction; after the all-reduce it counts "
+                                f"{counted} times instead of once",
+                        primary=self._share_site(rank, other),
+                        reference=reference_site,
+                        related=[s for s in [self.rank_site(consumer, "where the share joins the partial sum")] if s],
+                        reference_node=ref_node.id,
+                        parallel_nodes=[f"rank{rank}/{consumer.id}"],
+                        expected=f"a {width}/{rel.total} share of the bias on each rank",
+                        found=f"a {num}/{den} share",
+                        suggestion=f"scale the share by {width}/{rel.total} exactly once",
+                    )
+            parameter = self.is_parameter_value(rank, other)
+            reduction = self.downstream_all_reduce(rank, consumer.id)
+            if parameter is not None and reduction is not None:
+                return Discrepancy(
+                    kind="bias-before-reduction",
+                    message=f"{parameter} is added to a partial sum on every rank before the all-reduce, so it "
+                            f"is counted {len(self.ev.ranks)} times",
+                    primary=self.rank_site(consumer),
+                    reference=reference_site,
+                    related=[s for s in [self.rank_site(reduction, "the all-reduce that sums the biases")] if s],
+                    reference_node=ref_node.id,
+                    parallel_nodes=[f"rank{rank}/{consumer.id}"],
+                    expected=f"{parameter} added once, after the all-reduce",
+                    found=f"{holds}, plus the full {parameter} on every rank",
+                    suggestion=f"add {parameter} after the all-reduce (or add 1/world_size of it on every rank)",
+                )
+        kind = "missing-reduction" if consumer.op in ("binary",) else "partial-sum-into-nonlinear"
+        producer_site = self.rank_site(producer, "the partial sum is produced here") if producer else None
+        what = self.ref_value_name(ref_value) if ref_input is not None else ref_value
+        consumer_desc = _describe_op(consumer)
+        message = (f"the partial sum from {what} at {producer_site.short() if producer_site else '?'} reaches "
+                   f"{consumer_desc} at {self.rank_site(consumer).short() if consumer.site else '?'} without an "
+                   f"all-reduce")
+        related = [s for s in [self.rank_site(consumer, f"the partial sum is used by {consumer_desc} here"),
+                               self.ref_site(ref_input, "the reference produces the full value here")
+                               if ref_input is not None else None] if s]
+        return Discrepancy(
+            kind=kind,
+            message=message,
+            primary=producer_site or self.rank_site(consumer),
+            reference=reference_site,
+            related=related,
+            reference_node=ref_node.id,
+            parallel_nodes=[f"rank{rank}/{partial_value}", f"rank{rank}/{consumer.id}"],
+            expected=f"the full value of {what} (replicated) at input {position} of {_describe_op(ref_node)}",
+            found=holds,
+            suggestion="all-reduce the partial sums (sum over the tensor-parallel group) before using them",
+        )
+
+    def _share_of(self, rank: int, value: str, ref_node: Node) -> tuple[int, int, str] | None:
+        """(num, den, reference value) when a rank value is num/den of a reference value."""
+        c = self.index.class_of(f"rank{rank}", value)
+        for ref_value in ref_node.inputs:
+            for rel, values in self.index.relations(ref_value, rank):
+                if rel.kind == "frac" and value in values:
+                    return rel.num, rel.den, ref_value
+        del c
+        return None
+
+    def _share_site(self, rank: int, value: str) -> Site | None:
+        node = self.rank_node(rank, value)
+        if node is not None:
+            return self.rank_site(node, "the share is computed here")
+        return self.provenance_site(rank, value)
+
+    def reduction_coverage(self, ref_node: Node, ref_value: str, rank: int, reduction: Node) -> Discrepancy | None:
+        """The all-reduce exists but its inputs' partial sums do not tile the reduction."""
+        ranges: dict[int, list[Relation]] = {}
+        for r in range(len(self.ev.ranks)):
+            for rel, _values in self.index.relations(ref_value, r):
+                if rel.kind == "psum":
+                    ranges.setdefault(r, []).append(rel)
+        missing = [r for r in range(len(self.ev.ranks)) if r not in ranges]
+        held = {r: (rels[0].start, rels[0].end) for r, rels in ranges.items()}
+        total = next(iter(ranges.values()))[0].total if ranges else 0
+        duplicated = [r for r in held for q in held if q < r and held[q] == held[r]]
+        offender = (missing or duplicated or [rank])[0]
+        origin = self.trace_origin(offender, self._partial_input(offender, reduction) or ref_value)
+        description = ", ".join(f"rank {r}: [{s}:{e}]" for r, (s, e) in sorted(held.items()))
+        if missing:
+            found = f"ranks {missing} hold no partial sum of it; {description}"
+        else:
+            found = f"the partial sums cover {description} of {total}"
+        return Discrepancy(
+            kind="wrong-shard",
+            message=f"the all-reduce at {self.rank_site(reduction).short() if reduction.site else '?'} sums partial "
+                    f"results that do not tile the reduction ({found})",
+            primary=origin or self.rank_site(reduction),
+            reference=self.ref_site(ref_node, "the reference computes the full value here"),
+            related=[s for s in [self.rank_site(reduction, "the all-reduce")] if s],
+            ranks=[offender],
+            reference_node=ref_node.id,
+            parallel_nodes=[f"rank{rank}/{reduction.id}"],
+            expected=f"partial sums over disjoint ranges covering all {total} reduced indices, one per rank",
+            found=found,
+            suggestion="give every rank its own shard (rank r of n holds block r)",
+        )
+
+    def _partial_input(self, rank: int, reduction: Node) -> str | None:
+        graph = self.ev.ranks[rank]
+        for node in graph.nodes:
+            if node.op == "all_reduce" and node.site == reduction.site:
+                return node.inputs[0]
+        return None
+
+    def embedding_mask(self, ref_node: Node, rank: int) -> Discrepancy | None:
+        if ref_node.op != "embedding":
+            return None
+        graph = self.ev.ranks[rank]
+        nodes = self.rank_nodes[rank]
+        weight_ref = ref_node.inputs[0]
+        for node in graph.nodes:
+            if node.op != "embedding":
+                continue
+            shard = [rel for rel in self.relations_between(weight_ref, rank, node.inputs[0]) if rel.kind == "sel"
+                     and rel.dim == -2 and len(rel.ranges) == 1]
+            if not shard:
+                continue
+            start, end = shard[0].ranges[0]
+            ids = nodes.get(node.inputs[1])
+            kept, offset, mask_node = self._mask_interval(nodes, ids)
+            if kept is None:
+                continue
+            problems = []
+            if kept != (start, end):
+                problems.append(f"the mask keeps token ids [{kept[0]}:{kept[1]}] but this rank holds embedding "
+                                f"rows [{start}:{end}]")
+            if offset is not None and offset != start:
+                problems.append(f"local ids are shifted by {offset} instead of {start}")
+            if not problems:
+                continue
+            culprit = mask_node if kept != (start, end) else ids
+            return Discrepancy(
+                kind="wrong-shard",
+                message="vocab-parallel embedding: " + "; ".join(problems),
+                primary=self.rank_site(culprit) if culprit else self.rank_site(node),
+                reference=self.ref_site(ref_node, "the reference looks up every token id"),
+                related=[s for s in [self.rank_site(node, f"the lookup in embedding rows [{start}:{end}]")] if s],
+                reference_node=ref_node.id,
+                parallel_nodes=[f"rank{rank}/{node.id}"],
+                expected=f"rank {rank} looks up exactly the ids in [{start}:{end}] and zeroes the rest",
+                found=problems[0],
+                suggestion=f"mask ids outside [{start}, {end}): (ids < {start}) | (ids >= {end})",
+            )
+        return None
+
+    def _mask_interval(self, nodes: dict[str, Node], ids: Node | None
+                       ) -> tuple[tuple[int, int] | None, int | None, Node | None]:
+        """For fill(ids - c, (ids < a) | (ids >= b)) style masks: (kept interval, c, mask node)."""
+        if ids is None or ids.op not in ("fill", "where"):
+            return None, None, None
+        if ids.op == "fill":
+            shifted, mask = nodes.get(ids.inputs[0]), nodes.get(ids.inputs[1])
+        else:
+            mask, shifted = nodes.get(ids.inputs[0]), nodes.get(ids.inputs[2])
+        offset = None
+        if shifted is not None and shifted.op == "scalar" and shifted.attrs.get("fn") == "sub":
+            offset = int(shifted.attrs["value"])
+        if mask is None or mask.op != "binary" or mask.attrs.get("fn") != "or":
+            return None, offset, None
+        low, high = 0, None
+        for value in mask.inputs:
+            cmp = nodes.get(value)
+            if cmp is None or cmp.op != "scalar":
+                return None, offset, None
+            fn, bound = cmp.attrs.get("fn"), cmp.attrs.get("value")
+            if not isinstance(bound, int | float):
+                return None, offset, None
+            bound = int(bound)
+            if fn == "lt":
+                low = bound
+            elif fn == "le":
+                low = bound + 1
+            elif fn == "ge":
+                high = bound
+            elif fn == "gt":
+                high = bound + 1
+            else:
+                return None, offset, None
+        if high is None:
+            return None, offset, None
+        culprit = next((nodes[v] for v in mask.inputs if nodes[v].attrs.get("fn") in ("le", "gt")), mask)
+        return (low, high), offset, culprit
+
+    def mismatch(self, ref_node: Node, rank: int) -> Discrepancy | Unsupported | None:
+        aligned = self.aligned(ref_node, rank)
+        if aligned is None:
+            return None
+        wrong: list[tuple[int, str, str]] = []
+        for k, (ref_value, value) in enumerate(zip(ref_node.inputs, aligned.inputs, strict=False)):
+            if not self.relations_between(ref_value, rank, value):
+                wrong.append((k, ref_value, value))
+        if not wrong:
+            unsupported = self._unsupported(ref_node, rank)
+            if unsupported is not None:
+                return unsupported
+            wrong = self._inconsistent_inputs(ref_node, aligned, rank)
+        if not wrong:
+            return None
+        k, ref_value, value = wrong[0]
+        culprit_site, how = self.blame(rank, value)
+        expected_rels = self.index.relations(ref_value, rank)
+        found_rels = self.index.relations_of_rank_value(rank, value)
+        expected = f"input {k} of {_describe_op(ref_node)} should relate to {self.ref_value_name(ref_value)}"
+        found = "; ".join(f"{rel.describe()} of {self.ref_value_name(refs[0])}" for rel, refs in found_rels[:3]) \
+            or "a value unrelated to anything the reference computes"
+        kind = "wrong-shard" if found_rels else "not-equivalent"
+        if how == "provenance-cat":
+            kind = "shard-order"
+        if how == "unrelated-parameter":
+            kind = "unrelated-parameter"
+        where = self.rank_site(aligned).short() if aligned.site else "?"
+        message = (f"rank {rank} feeds {_describe_op(aligned)} at {where} with {found}, where the reference uses "
+                   f"{self.ref_value_name(ref_value)}")
+        return Discrepancy(
+            kind=kind,
+            message=message,
+            primary=culprit_site or self.rank_site(aligned),
+            reference=self.ref_site(ref_node, f"the reference computes {_describe_op(ref_node)} here"),
+            related=[s for s in [self.rank_site(aligned, f"rank {rank} computes {_describe_op(aligned)} here")] if s],
+            reference_node=ref_node.id,
+            parallel_nodes=[f"rank{rank}/{aligned.id}", f"rank{rank}/{value}"],
+            expected=expected + (f" ({expected_rels[0][0].describe()})" if expected_rels else ""),
+            found=found,
+            suggestion="make this rank hold the slice its partners expect (see the first location)",
+            details={"blame": how},
+        )
+
+    def _unsupported(self, ref_node: Node, rank: int) -> Unsupported | None:
+        if ref_node.op in _SUPPORTED:
+            return None
+        nonlocal_inputs = [v for v in ref_node.inputs
+                           if any(rel.kind != "equal" for rel, _ in self.index.relations(v, rank))]
+        if not nonlocal_inputs:
+            return None
+        return Unsupported(
+            reason="unsupported-op",
+            message=f"no rule relates {_describe_op(ref_node)} on sharded or partial inputs; the check cannot "
+                    f"follow the parallel computation past it",
+            op=_describe_op(ref_node),
+            site=self.ref_site(ref_node),
+        )
+
+    def _inconsistent_inputs(self, ref_node: Node, aligned: Node, rank: int) -> list[tuple[int, str, str]]:
+        """All inputs are related, but their selections do not fit: blame the one that does not tile."""
+        scored: list[tuple[bool, int, str, str]] = []
+        for k, (ref_value, value) in enumerate(zip(ref_node.inputs, aligned.inputs, strict=False)):
+            rels = self.relations_between(ref_value, rank, value)
+            if any(rel.kind == "equal" for rel in rels):
+                continue
+            scored.append((self._tiles_across_ranks(ref_value, aligned, k), k, ref_value, value))
+        anchors = [s for s in scored if s[0]]
+        suspects = [s for s in scored if not s[0]]
+        if anchors and suspects:
+            return [(k, ref_value, value) for _, k, ref_value, value in suspects]
+        return [(k, ref_value, value) for _, k, ref_value, value in scored[-1:]]
+
+    def _tiles_across_ranks(self, ref_value: str, aligned: Node, position: int) -> bool:
+        """Do the ranks' selections of this input tile it in rank order (allowing replicated blocks)?"""
+        spans: list[tuple[int, int, int]] = []
+        for r in range(len(self.ev.ranks)):
+            counterpart = next((n for n in self.ev.ranks[r].nodes if n.id == aligned.id), None)
+            if counterpart is None or position >= len(counterpart.inputs):
+                return False
+            rels = [rel for rel in self.relations_between(ref_value, r, counterpart.inputs[position])
+                    if rel.kind in ("sel", "psum")]
+            if not rels:
+                return False
+            rel = rels[0]
+            if rel.kind == "sel":
+                if len(rel.ranges) != 1:
+                    return False
+                spans.append((rel.dim, *rel.ranges[0]))
+            else:
+                spans.append((0, rel.start, rel.end))
+        return blocked_tiling([(s, e) for _, s, e in spans])
+
+    def blame(self, rank: int, value: str, depth: int = 0) -> tuple[Site | None, str]:
+        """Walk back from a wrong rank value to where its wrongness was introduced."""
+        if depth > 40:
+            return None, "depth"
+        if value in self.rank_placeholders[rank]:
+            return self.provenance_blame(rank, value)
+        node = self.rank_node(rank, value)
+        if node is None:
+            return None, "unknown"
+        if node.op in ("slice", "cat", "view", "permute", "expand") and self._varies_across_ranks(rank, node):
+            return self.rank_site(node, "this slice differs between ranks"), "rank-dependent-slice"
+        unrelated_inputs = [v for v in node.inputs if not self.is_related(rank, v)
+                            and not self._is_constant_like(rank, v)]
+        if unrelated_inputs:
+            return self.blame(rank, unrelated_inputs[0], depth + 1)
+        sharded = [v for v in node.inputs if not self._is_replicated(rank, v)]
+        if sharded:
+            return self.blame(rank, sharded[-1], depth + 1)
+        return self.rank_site(node), "node"
+
+    def _is_replicated(self, rank: int, value: str) -> bool:
+        c = self.index.class_of(f"rank{rank}", value)
+        return c is not None and self.index.has_reference_member(c)
+
+    def _is_constant_like(self, rank: int, value: str) -> bool:
+        node = self.rank_node(rank, value)
+        return node is not None and node.op in ("constant",)
+
+    def _varies_across_ranks(self, rank: int, node: Node) -> bool:
+        """The same line takes a different slice on another rank (or none at all)."""
+        if node.site is None or node.site.innermost is None:
+            return False
+        key = [line_of(f) for f in node.site.frames]
+        mine = (node.op, tuple(sorted(node.attrs.items())) if node.op == "slice" else ())
+        for r, graph in enumerate(self.ev.ranks):
+            if r == rank:
+                continue
+            others = [(n.op, tuple(sorted(n.attrs.items())) if n.op == "slice" else ()) for n in graph.nodes
+                      if n.site is not None and [line_of(f) for f in n.site.frames] == key]
+            if mine not in others:
+                return True
+        return False
+
+    def provenance_site(self, rank: int, value: str) -> Site | None:
+        site, _ = self.provenance_blame(rank, value)
+        return site
+
+    def provenance_blame(self, rank: int, value: str) -> tuple[Site | None, str]:
+        placeholder = self.rank_placeholders[rank][value]
+        expr = self.ev.rank_values[rank].get(placeholder.target)
+        if expr is None:
+            return None, "provenance"
+        problems = px.problems(expr)
+        if problems:
+            leaf = problems[0]
+            return to_site(pick_frame(leaf.site, self.ref_lines)), "unrelated-parameter"
+        innocent = self._consistent_provenance_lines()
+        inconsistent = self._inconsistent_slices(placeholder.target)
+        if inconsistent is not None:
+            return to_site(pick_frame(inconsistent.site, innocent), "this slice is taken per rank"), "provenance-slice"
+        if isinstance(expr, px.CatOf):
+            return to_site(pick_frame(expr.site, innocent), "the pieces are assembled here"), "provenance-cat"
+        return to_site(pick_frame(expr.site, innocent), "this rank's value is loaded here"), "provenance"
+
+    def _inconsistent_slices(self, target: str) -> px.SliceOf | None:
+        """The first slice in a parameter's provenance whose per-rank ranges do not tile its source."""
+        per_rank: list[list[px.SliceOf]] = []
+        for values in self.ev.rank_values:
+            expr = values.get(target)
+            per_rank.append([] if expr is None else [e for e in _walk(expr) if isinstance(e, px.SliceOf)])
+        if not per_rank or any(len(s) != len(per_rank[0]) for s in per_rank):
+            return None
+        for position in range(len(per_rank[0])):
+            slices = [s[position] for s in per_rank]
+            ranges = [(s.start, s.end) for s in slices]
+            if len(set(ranges)) == 1:
+                continue  # the same slice on every rank: structure, not sharding
+            if not blocked_tiling(ranges):
+                return slices[0] if len(per_rank) == 1 else slices[-1]
+        for position in range(len(per_rank[0])):
+            slices = [s[position] for s in per_rank]
+            if len({(s.start, s.end) for s in slices}) == 1 and len(per_rank) > 1:
+                size = slices[0].source.shape[slices[0].dim]
+                if (slices[0].end - slices[0].start) * len(per_rank) == size:
+                    return slices[0]  # every rank takes the same 1/n block: nobody holds the rest
+        return None
+
+    def _consistent_provenance_lines(self) -> set[Line]:
+        """Lines that made correctly tiled slices for some parameter: helpers, innocent."""
+        lines: set[Line] = set()
+        targets = set(self.ev.rank_values[0]) if self.ev.rank_values else set()
+        for target in targets:
+            per_rank = [values.get(target) for values in self.ev.rank_values]
+            if any(e is None for e in per_rank):
+                continue
+            slices = [[e for e in _walk(expr) if isinstance(e, px.SliceOf)] for expr in per_rank if expr]
+            if any(len(s) != len(slices[0]) for s in slices):
+                continue
+            for position in range(len(slices[0])):
+                group = [s[position] for s in slices]
+                ranges = [(s.start, s.end) for s in group]
+                if len(set(ranges)) > 1 and blocked_tiling(ranges):
+                    for s in group:
+                        if s.site and s.site.innermost:
+                            lines.add(line_of(s.site.innermost))
+        return lines
+
+    def output_mismatch(self, failing_outputs: list[int]) -> Discrepancy:
+        index = failing_outputs[0] if failing_outputs else 0
+        ref_value = self.reference.outputs[index] if index < len(self.reference.outputs) else ""
+        ref_node = self.ref_nodes.get(ref_value)
+        ref_meta = self.reference.meta_of(ref_value) if ref_value else None
+        for rank, graph in enumerate(self.ev.ranks):
+            if index >= len(graph.outputs):
+                continue
+            value = graph.outputs[index]
+            node = self.rank_node(rank, value)
+            meta = graph.meta_of(value)
+            if ref_meta is not None and meta.shape != ref_meta.shape:
+                return Discrepancy(
+                    kind="wrong-layout",
+                    message=f"rank {rank} returns output {index} with shape {list(meta.shape)}; the reference "
+                            f"returns {list(ref_meta.shape)}",
+                    primary=self.rank_site(node) if node else None,
+                    reference=self.ref_site(ref_node) if ref_node else None,
+                    ranks=[rank],
+                    reference_node=ref_value,
+                    parallel_nodes=[f"{graph.name}/{value}"],
+                    expected=f"shape {list(ref_meta.shape)}",
+                    found=f"shape {list(meta.shape)}",
+                    suggestion="gather or reshape along the dimension the reference uses",
+                )
+        spans = []
+        for rank, graph in enumerate(self.ev.ranks):
+            rels = self.relations_between(ref_value, rank, graph.outputs[index]) if index < len(graph.outputs) else []
+            spans.append(rels)
+        node = self.rank_node(0, self.ev.ranks[0].outputs[index]) if self.ev.ranks else None
+        found = "; ".join(f"rank {r}: {rels[0].describe(ref_meta.shape if ref_meta else None)}" for r, rels in
+                          enumerate(spans) if rels) or "values unrelated to the reference output"
+        sel = [rels[0] for rels in spans if rels and rels[0].kind == "sel"]
+        kind = "not-equivalent"
+        if sel and len(sel) == len(spans):
+            kind = "shard-order"
+        elif any(rels and rels[0].kind == "psum" for rels in spans):
+            kind = "missing-reduction"
+        return Discrepancy(
+            kind=kind,
+            message=f"output {index} does not equal the reference output on every rank ({found})",
+            primary=self.rank_site(node) if node else None,
+            reference=self.ref_site(ref_node) if ref_node else None,
+            ranks=list(range(len(self.ev.ranks))),
+            reference_node=ref_value,
+            expected="every rank returns the reference output (or the declared output relation)",
+            found=found,
+            suggestion="combine the ranks' results so that each returns the full output",
+        )
+
+    def not_equivalent(self, ref_node: Node, rank: int, ranks: list[int]) -> Discrepancy | Unsupported:
+        unsupported = self._unsupported(ref_node, rank)
+        if unsupported is not None:
+            return unsupported
+        aligned = self.aligned(ref_node, rank)
+        return Discrepancy(
+            kind="not-equivalent",
+            message=f"rank {rank} computes nothing equal or related to {self.ref_value_name(ref_node.id)}",
+            primary=self.rank_site(aligned) if aligned else None,
+            reference=self.ref_site(ref_node, "the reference computes this value here"),
+            ranks=ranks,
+            reference_node=ref_node.id,
+            parallel_nodes=[f"rank{rank}/{aligned.id}"] if aligned else [],
+            expected=f"a value related to {self.ref_value_name(ref_node.id)}",
+            found="no related value",
+        )
+
+
+def blocked_tiling(ranges: list[tuple[int, int]], size: int | None = None) -> bool:
+    """Ranges in rank order tile [0, size), each block possibly repeated by consecutive ranks."""
+    blocks: list[tuple[int, int]] = []
+    counts: list[int] = []
+    for span in ranges:
+        if blocks and blocks[-1] == span:
+            counts[-1] += 1
+        else:
+            blocks.append(span)
+            counts.append(1)
+    if len(set(counts)) > 1:
+        return False
+    position = 0
+    for start, end in blocks:
+        if start != position or end <= start:
+            return False
+        position = end
+    return size is None or position == size
+
+
+def _walk(expr: px.Expr) -> list[px.Expr]:
+    out = [expr]
+    for child in px.children(expr):
+        out.extend(_walk(child))
+    return out
+
+
+def explain(evidence: Evidence, failing_outputs: list[int]) -> Discrepancy | Unsupported:
+    return Localizer(evidence).explain(failing_outputs)
+
+
+__all__ = ["Evidence", "Placeholder", "blocked_tiling", "explain"]

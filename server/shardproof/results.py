@@ -1,0 +1,155 @@
+"""What a verification reports: plain, JSON-able data shared by the CLI, JSON/SARIF output and
+the language server. No torch, no egglog, no LSP types."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+VERDICTS = ("verified", "discrepancy", "inconclusive", "error")
+
+# Stable discrepancy kinds (diagnostic codes); README anchors use the same names.
+DISCREPANCY_KINDS = {
+    "missing-reduction": "a partial sum is used as if it were the full value (an all-reduce is missing)",
+    "partial-sum-into-nonlinear": "a partial sum flows into an operation that is not linear",
+    "duplicate-reduction": "a value that is already complete is all-reduced again",
+    "bias-before-reduction": "a replicated value is added on every rank before the all-reduce",
+    "wrong-scaling": "a share of a value is scaled by the wrong factor",
+    "wrong-shard": "a rank holds a different slice than its partners need",
+    "shard-order": "shards are concatenated in the wrong order",
+    "wrong-layout": "a tensor is gathered, reshaped or concatenated along the wrong dimension",
+    "unrelated-parameter": "a parameter is not derived from the reference weights",
+    "collective-mismatch": "ranks disagree on their collective calls",
+    "not-equivalent": "a value matches nothing the reference computes",
+}
+
+
+@dataclass(frozen=True)
+class Site:
+    file: str
+    line: int
+    column: int | None = None  # 1-based, like editors show
+    end_line: int | None = None
+    end_column: int | None = None  # 1-based, exclusive
+    code: str = ""
+    function: str = ""
+    note: str = ""  # what happens here, for related locations
+
+    def short(self) -> str:
+        import os
+
+        col = f":{self.column}" if self.column else ""
+        return f"{os.path.basename(self.file)}:{self.line}{col}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Discrepancy:
+    kind: str
+    message: str
+    primary: Site | None  # where the fix belongs
+    reference: Site | None = None  # the reference computation at that point
+    related: list[Site] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    reference_node: str = ""
+    parallel_nodes: list[str] = field(default_factory=list)
+    expected: str = ""  # the relation that was expected
+    found: str = ""  # what each rank holds instead
+    suggestion: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            anchor = self.primary.short() if self.primary else ""
+            self.id = hashlib.sha256(f"{self.kind}|{anchor}|{self.reference_node}".encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        return data
+
+
+@dataclass
+class Unsupported:
+    """Why a result is inconclusive."""
+
+    reason: str  # "unsupported-op" | "bound" | "capture"
+    message: str
+    op: str = ""
+    site: Site | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class OutputRelation:
+    index: int
+    relation: str  # replicated | sharded | partial | none
+    description: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class WorldSizeResult:
+    world_size: int
+    verdict: str
+    summary: str = ""
+    outputs: list[OutputRelation] = field(default_factory=list)
+    discrepancies: list[Discrepancy] = field(default_factory=list)
+    inconclusive: list[Unsupported] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "outputs": [o.to_dict() for o in self.outputs],
+            "discrepancies": [d.to_dict() for d in self.discrepancies],
+            "inconclusive": [u.to_dict() for u in self.inconclusive],
+            "error": self.error,
+            "seconds": self.seconds,
+            "stats": self.stats,
+        }
+
+
+@dataclass
+class CheckResult:
+    name: str
+    results: list[WorldSizeResult] = field(default_factory=list)
+    error: dict[str, Any] | None = None  # a failure before any world size ran (import, config)
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return "error"
+        verdicts = {r.verdict for r in self.results}
+        for verdict in ("error", "discrepancy", "inconclusive"):
+            if verdict in verdicts:
+                return verdict
+        return "verified" if self.results else "error"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "verdict": self.verdict, "error": self.error,
+                "world_sizes": [r.to_dict() for r in self.results]}
+
+
+def exit_code(checks: list[CheckResult]) -> int:
+    """0 when everything verified, 1 on a discrepancy, 2 when inconclusive or on error.
+
+    A discrepancy is the most specific news, so it wins over an inconclusive world size.
+    """
+    verdicts = {r.verdict for c in checks for r in c.results} | {c.verdict for c in checks}
+    if "discrepancy" in verdicts:
+        return 1
+    if "error" in verdicts or "inconclusive" in verdicts:
+        return 2
+    return 0

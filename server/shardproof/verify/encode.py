@@ -1,0 +1,565 @@
+"""Encode one verification unit (the reference and every rank) as egglog text.
+
+Each graph value becomes a let-bound term named `$<graph>_<node>`; rank parameters become the
+terms of their provenance expressions over reference parameters; collectives are lowered to the
+data-movement algebra over the matched calls of all ranks of their group (all-reduce: a sum over
+the multiset of rank inputs; all-gather: a concatenation in group order; reduce-scatter: a slice
+of the sum; all-to-all: concatenations of slices; broadcast: the source's value). Shapes, and the
+dim maps of views, permutations and expansions, are emitted as facts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from ..graph.model import Collective, Graph, Node, TensorMeta
+from ..relations import expr as px
+
+_SAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _q(text: str) -> str:
+    return json.dumps(text)
+
+
+def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
+    return ",".join(str(s) for s in shape)
+
+
+@dataclass
+class CollectiveIssue:
+    """Ranks of one group disagree on their collectives: a hang or a wrong result."""
+
+    group: tuple[int, ...]
+    index: int
+    message: str
+    nodes: list[tuple[str, str]]  # (graph name, node id)
+
+
+@dataclass
+class EncodedUnit:
+    commands: list[str]
+    term_of: dict[tuple[str, str], str] = field(default_factory=dict)  # (graph, value id) -> term name
+    issues: list[CollectiveIssue] = field(default_factory=list)
+    n_terms: int = 0
+
+
+class Encoder:
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+        self.term_of: dict[tuple[str, str], str] = {}
+        self.meta_of: dict[str, TensorMeta] = {}
+        self._expr_terms: dict[px.Expr, str] = {}
+        self._counter = 0
+        self.dtypes: set[str] = set()
+        self.issues: list[CollectiveIssue] = []
+
+    # -- term plumbing ------------------------------------------------------------------------------
+    def _name(self, graph: str, value_id: str) -> str:
+        return f"${_SAFE.sub('_', graph)}__{_SAFE.sub('_', value_id)}"
+
+    def _fresh(self, hint: str) -> str:
+        self._counter += 1
+        return f"$t{self._counter}_{_SAFE.sub('_', hint)[:24]}"
+
+    def let(self, name: str, term: str, meta: TensorMeta) -> str:
+        self.commands.append(f"(let {name} {term})")
+        self.meta_of[name] = meta
+        nd = len(meta.shape)
+        self.commands.append(f"(set (nd {name}) {nd})")
+        for i, size in enumerate(meta.shape):
+            self.commands.append(f"(set (sz {name} {i - nd}) {size})")
+        return name
+
+    def bind(self, graph: Graph, value_id: str, name: str) -> None:
+        self.term_of[(graph.name, value_id)] = name
+        self.commands.append(f"(node {name} {_q(graph.name + '/' + value_id)})")
+
+    def term(self, graph: Graph, value_id: str) -> str:
+        return self.term_of[(graph.name, value_id)]
+
+    # -- provenance expressions -----------------------------------------------------------------------
+    def expr_term(self, expr: px.Expr, leaf_name: str) -> str:
+        """Term for a provenance expression; unrelated leaves become a unique Leaf."""
+        if expr in self._expr_terms and not isinstance(expr, px.Fresh | px.Opaque):
+            return self._expr_terms[expr]
+        meta = TensorMeta(tuple(expr.shape), expr.dtype)
+        if isinstance(expr, px.ParamRef):
+            name = self.let(self._fresh("param"), f"(Param {_q(expr.name)})", meta)
+        elif isinstance(expr, px.Constant):
+            name = self.let(self._fresh("const"), f"(Const {_q(expr.digest)})", meta)
+        elif isinstance(expr, px.Fresh | px.Opaque):
+            return self.let(self._fresh("leaf"), f"(Leaf {_q(leaf_name)})", meta)
+        elif isinstance(expr, px.SliceOf):
+            src = self.expr_term(expr.source, leaf_name)
+            name = self.let(self._fresh("slice"), f"(Slice {src} {expr.dim} {expr.start} {expr.end})", meta)
+        elif isinstance(expr, px.CatOf):
+            parts = [self.expr_term(p, leaf_name) for p in expr.parts]
+            name = self._cat(parts, [p.shape for p in expr.parts], expr.dim, expr.dtype)
+        elif isinstance(expr, px.ViewOf):
+            src = self.expr_term(expr.source, leaf_name)
+            name = self._view(src, tuple(expr.source.shape), meta)
+        elif isinstance(expr, px.PermuteOf):
+            src = self.expr_term(expr.source, leaf_name)
+            name = self._permute(src, list(expr.perm), meta)
+        elif isinstance(expr, px.ExpandOf):
+            src = self.expr_term(expr.source, leaf_name)
+            name = self._expand(src, tuple(expr.source.shape), meta)
+        elif isinstance(expr, px.CastOf):
+            src = self.expr_term(expr.source, leaf_name)
+            self.dtypes.add(expr.dtype)
+            name = self.let(self._fresh("cast"), f"(Un {_q('cast_' + expr.dtype)} {src})", meta)
+        elif isinstance(expr, px.ScaleOf):
+            src = self.expr_term(expr.source, leaf_name)
+            name = self._scale(src, expr.factor, meta)
+        else:  # pragma: no cover - exhaustive over px.Expr
+            raise TypeError(expr)
+        self._expr_terms[expr] = name
+        return name
+
+    def _scale(self, src: str, factor: Fraction, meta: TensorMeta) -> str:
+        if factor == 1:
+            return src
+        if factor.numerator == 1 and factor.denominator > 1:
+            return self.let(self._fresh("share"), f"(ScI \"div\" {src} {factor.denominator})", meta)
+        if factor.denominator == 1:
+            return self.let(self._fresh("scale"), f"(ScI \"mul\" {src} {factor.numerator})", meta)
+        return self.let(self._fresh("scale"), f"(Sc \"mul\" {src} {_q(repr(float(factor)))})", meta)
+
+    # -- structural helpers shared by graphs and provenance ------------------------------------------
+    def _cat(self, parts: list[str], shapes: list[tuple[int, ...]], dim: int, dtype: str) -> str:
+        """Right-nested binary concatenation."""
+        current, current_shape = parts[-1], list(shapes[-1])
+        nd = len(current_shape)
+        for part, shape in zip(reversed(parts[:-1]), reversed(shapes[:-1]), strict=True):
+            new_shape = list(shape)
+            new_shape[nd + dim] = shape[nd + dim] + current_shape[nd + dim]
+            current = self.let(self._fresh("cat"), f"(Cat {part} {current} {dim})",
+                               TensorMeta(tuple(new_shape), dtype))
+            current_shape = new_shape
+        return current
+
+    def _view(self, src: str, src_shape: tuple[int, ...], meta: TensorMeta) -> str:
+        name = self.let(self._fresh("view"), f"(View {src} {_q(_shape_text(meta.shape))})", meta)
+        self.commands.extend(view_facts(name, src_shape, meta.shape))
+        return name
+
+    def _permute(self, src: str, perm: list[int], meta: TensorMeta) -> str:
+        name = self.let(self._fresh("perm"), f"(Permute {src} {_q(_shape_text(perm))})", meta)
+        nd = len(perm)
+        for out_dim, in_dim in enumerate(perm):
+            self.commands.append(f"(pmap {name} {in_dim - nd} {out_dim - nd})")
+        return name
+
+    def _expand(self, src: str, src_shape: tuple[int, ...], meta: TensorMeta) -> str:
+        name = self.let(self._fresh("expand"), f"(Expand {src} {_q(_shape_text(meta.shape))})", meta)
+        self.commands.extend(expand_facts(name, src_shape, meta.shape))
+        return name
+
+    # -- graphs ---------------------------------------------------------------------------------------
+    def add_placeholders(self, graph: Graph, values: dict[str, px.Expr]) -> None:
+        for p in graph.placeholders:
+            if p.kind == "input":
+                name = self._name("input", p.target)
+                if ("inputs", p.target) not in self.term_of:
+                    self.let(name, f"(Input {_q(p.target)})", p.meta)
+                    self.term_of[("inputs", p.target)] = name
+                self.bind(graph, p.id, self.term_of[("inputs", p.target)])
+                continue
+            expr = values.get(p.target)
+            if expr is None:
+                expr = px.Fresh(reason=f"{p.kind} {p.target} has no known value", shape=p.meta.shape,
+                                dtype=p.meta.dtype)
+            self.bind(graph, p.id, self.expr_term(expr, f"{graph.name}/{p.target}"))
+
+    def add_reference_nodes(self, graph: Graph) -> None:
+        """The reference runs on one rank: its collectives (if any) are over a single rank."""
+        for node in graph.nodes:
+            name = self._name(graph.name, node.id)
+            if node.collective is not None:
+                if len(node.collective.group) <= 1:
+                    self.bind(graph, node.id, self.term(graph, node.inputs[0]))
+                    continue
+                self.let(name, f"(Leaf {_q(graph.name + '/' + node.id)})", node.meta)
+            else:
+                self.node_term(graph, node, name)
+            self.bind(graph, node.id, name)
+
+    def node_term(self, graph: Graph, node: Node, name: str) -> None:
+        ins = [self.term(graph, i) for i in node.inputs]
+        a = node.attrs
+        meta = node.meta
+        op = node.op
+        if op == "slice":
+            self.let(name, f"(Slice {ins[0]} {a['dim']} {a['start']} {a['end']})", meta)
+        elif op == "cat":
+            shapes = [self.meta_of[i].shape for i in ins]
+            inner = self._cat(ins[1:], shapes[1:], a["dim"], meta.dtype) if len(ins) > 2 else ins[1]
+            self.let(name, f"(Cat {ins[0]} {inner} {a['dim']})", meta)
+        elif op == "view":
+            self.let(name, f"(View {ins[0]} {_q(_shape_text(meta.shape))})", meta)
+            self.commands.extend(view_facts(name, self.meta_of[ins[0]].shape, meta.shape))
+            for source, dim, times in self._repeat_patterns(graph, node):
+                # The chain is repeat_interleave: state the identity so the repeat rules apply.
+                self.commands.append(f"(union {name} (Rep {self.term(graph, source)} {dim} {times}))")
+        elif op == "permute":
+            self.let(name, f"(Permute {ins[0]} {_q(_shape_text(a['perm']))})", meta)
+            nd = len(a["perm"])
+            for out_dim, in_dim in enumerate(a["perm"]):
+                self.commands.append(f"(pmap {name} {in_dim - nd} {out_dim - nd})")
+        elif op == "expand":
+            self.let(name, f"(Expand {ins[0]} {_q(_shape_text(meta.shape))})", meta)
+            self.commands.extend(expand_facts(name, self.meta_of[ins[0]].shape, meta.shape))
+        elif op == "unary":
+            fn = a["fn"]
+            if fn.startswith("cast_"):
+                self.dtypes.add(fn.removeprefix("cast_"))
+            self.let(name, f"(Un {_q(fn)} {ins[0]})", meta)
+        elif op == "scalar":
+            self.let(name, scalar_term(a["fn"], ins[0], a["value"]), meta)
+        elif op == "binary":
+            self.let(name, f"(Bin {_q(a['fn'])} {ins[0]} {ins[1]})", meta)
+        elif op == "where":
+            self.let(name, f"(Where {ins[0]} {ins[1]} {ins[2]})", meta)
+        elif op == "fill":
+            self.let(name, f"(Fill {ins[0]} {ins[1]} {_q(fill_value(a['value']))})", meta)
+        elif op == "reduce":
+            self.let(name, f"(Red {_q(a['fn'])} {ins[0]} {a['dim']} {1 if a['keepdim'] else 0})", meta)
+        elif op == "softmax":
+            self.let(name, f"(Softmax {ins[0]} {a['dim']})", meta)
+        elif op == "log_softmax":
+            self.let(name, f"(LogSoftmax {ins[0]} {a['dim']})", meta)
+        elif op == "linear":
+            self.let(name, f"(Linear {ins[0]} {ins[1]})", meta)
+        elif op == "matmul":
+            self.let(name, f"(Matmul {ins[0]} {ins[1]})", meta)
+        elif op == "embedding":
+            self.let(name, f"(Emb {ins[0]} {ins[1]})", meta)
+        elif op == "sdpa":
+            attrs = _q(json.dumps(a, sort_keys=True))
+            if len(ins) == 4:
+                self.let(name, f"(SdpaMask {ins[0]} {ins[1]} {ins[2]} {ins[3]} {attrs})", meta)
+            else:
+                self.let(name, f"(Sdpa {ins[0]} {ins[1]} {ins[2]} {attrs})", meta)
+        elif op == "constant":
+            self.let(name, f"(Const {_q(a['digest'])})", meta)
+        elif op == "uninitialized":
+            self.let(name, f"(Leaf {_q(graph.name + '/' + node.id)})", meta)
+        else:
+            self.generic(graph, node, name, ins)
+
+    def generic(self, graph: Graph, node: Node, name: str, ins: list[str]) -> None:
+        key = f"{node.attrs.get('target', node.op)}#{node.attrs.get('index', 0)}"
+        attrs = _q(json.dumps(node.attrs.get("args", []), sort_keys=True, default=str))
+        meta = node.meta
+        if len(ins) > 4:
+            self.let(name, f"(Leaf {_q(graph.name + '/' + node.id)})", meta)
+        elif not ins:
+            self.let(name, f"(Op0 {_q(key)} {attrs})", meta)
+        else:
+            self.let(name, f"(Op{len(ins)} {_q(key)} {' '.join(ins)} {attrs})", meta)
+
+    def _repeat_patterns(self, graph: Graph, node: Node) -> list[tuple[str, int, int]]:
+        """view(expand(view(x))) that repeats every slice of one dim m times (repeat_interleave).
+
+        Returns every (source, dim, m) reading of the chain: with m = 1 (no expansion) a unit dim
+        of x makes the repeated dim ambiguous, and each reading is the identity.
+        """
+        nodes = graph.node_map()
+        middle = nodes.get(node.inputs[0])
+        expanded = None
+        if middle is not None and middle.op == "expand":
+            expanded = middle
+            middle = nodes.get(middle.inputs[0])
+        if middle is None or middle.op != "view":
+            return []
+        source = middle.inputs[0]
+        x_shape = graph.meta_of(source).shape
+        inserted = middle.meta.shape
+        out = node.meta.shape
+        if len(inserted) != len(x_shape) + 1 or len(out) != len(x_shape):
+            return []
+        readings = []
+        for position in range(1, len(inserted)):
+            if inserted[position] != 1 or inserted[:position] + inserted[position + 1 :] != x_shape:
+                continue
+            times = 1
+            if expanded is not None:
+                grown = expanded.meta.shape
+                if grown[:position] + grown[position + 1 :] != x_shape:
+                    continue
+                times = grown[position]
+            merged = list(x_shape)
+            merged[position - 1] *= times
+            if tuple(merged) == out:
+                readings.append((source, (position - 1) - len(x_shape), times))
+        return readings
+
+    # -- collectives ----------------------------------------------------------------------------------
+    def _lower(self, coll: Collective | None, group: tuple[int, ...], rank: int, calls: dict[int, Node],
+               graphs: dict[int, Graph]) -> str:
+        assert coll is not None
+        inputs = [self.term(graphs[r], calls[r].inputs[0]) for r in group]
+        metas = [graphs[r].meta_of(calls[r].inputs[0]) for r in group]
+        out_meta = calls[rank].meta
+        if coll.kind == "all_reduce":
+            op = coll.reduce_op or "sum"
+            collection = f"(multiset-of {' '.join(inputs)})"
+            if op in ("sum", "avg"):
+                for t in inputs:
+                    self.commands.append(f"(arin {t})")
+                total = f"(SumN {collection})"
+                return total if op == "sum" else f"(ScI \"div\" {total} {len(group)})"
+            return f"({'MaxN' if op == 'max' else 'MinN'} {collection})" if op in ("max", "min") else \
+                f"(Leaf {_q('unsupported reduction ' + op)})"
+        if coll.kind == "all_gather":
+            nd = len(metas[0].shape)
+            return self._inline_cat(inputs, metas, -nd)
+        if coll.kind == "reduce_scatter":
+            if (coll.reduce_op or "sum") != "sum":
+                return f"(Leaf {_q('unsupported reduce_scatter ' + str(coll.reduce_op))})"
+            for t in inputs:
+                self.commands.append(f"(arin {t})")
+            nd = len(out_meta.shape)
+            chunk = out_meta.shape[0]
+            index = group.index(rank)
+            return f"(Slice (SumN (multiset-of {' '.join(inputs)})) {-nd} {index * chunk} {(index + 1) * chunk})"
+        if coll.kind == "broadcast":
+            assert coll.src is not None
+            return self.term(graphs[coll.src], calls[coll.src].inputs[0])
+        if coll.kind == "all_to_all":
+            return self._all_to_all(group, rank, calls, graphs, inputs, metas)
+        return f"(Leaf {_q('unsupported collective ' + coll.kind)})"
+
+    def _inline_cat(self, parts: list[str], metas: list[TensorMeta], dim: int) -> str:
+        if len(parts) == 1:
+            return parts[0]
+        inner = self._cat(parts[1:], [m.shape for m in metas[1:]], dim, metas[0].dtype) if len(parts) > 2 \
+            else parts[1]
+        return f"(Cat {parts[0]} {inner} {dim})"
+
+    def _all_to_all(self, group: tuple[int, ...], rank: int, calls: dict[int, Node], graphs: dict[int, Graph],
+                    inputs: list[str], metas: list[TensorMeta]) -> str:
+        receiver = group.index(rank)
+        n = len(group)
+        pieces: list[str] = []
+        piece_metas: list[TensorMeta] = []
+        for sender_index, sender in enumerate(group):
+            coll = calls[sender].collective
+            assert coll is not None
+            meta = metas[sender_index]
+            splits = coll.input_splits or tuple([meta.shape[0] // n] * n)
+            start = sum(splits[:receiver])
+            end = start + splits[receiver]
+            nd = len(meta.shape)
+            shape = (end - start, *meta.shape[1:])
+            if start == 0 and end == meta.shape[0]:
+                pieces.append(inputs[sender_index])
+            else:
+                pieces.append(self.let(self._fresh("a2a"), f"(Slice {inputs[sender_index]} {-nd} {start} {end})",
+                                       TensorMeta(shape, meta.dtype)))
+            piece_metas.append(TensorMeta(shape, meta.dtype))
+        return self._inline_cat(pieces, piece_metas, -len(metas[0].shape))
+
+    def finish(self) -> EncodedUnit:
+        from .rules import casts_are_linear
+
+        self.commands.append(casts_are_linear(self.dtypes))
+        return EncodedUnit(self.commands, self.term_of, self.issues, len(self.meta_of))
+
+
+def _mismatch(group: tuple[int, ...], index: int, calls: dict[int, Node],
+              graphs: dict[int, Graph]) -> CollectiveIssue | None:
+    members = [r for r in group if r in graphs]
+    missing = [r for r in members if r not in calls]
+    nodes = [(graphs[r].name, n.id) for r, n in calls.items()]
+    if missing:
+        return CollectiveIssue(group, index, f"ranks {missing} of group {list(group)} make fewer collective calls "
+                                             f"than the others: call {index + 1} is missing on them (a hang)", nodes)
+    kinds = {(n.collective.kind, n.collective.reduce_op) for n in calls.values() if n.collective}
+    if len(kinds) > 1:
+        described = ", ".join(f"rank {r}: {n.collective.kind}" for r, n in calls.items() if n.collective)
+        return CollectiveIssue(group, index, f"collective call {index + 1} of group {list(group)} differs between "
+                                             f"ranks ({described})", nodes)
+    shapes = {graphs[r].meta_of(n.inputs[0]).shape for r, n in calls.items()}
+    kind = next(iter(kinds))[0]
+    if len(shapes) > 1 and kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+        return CollectiveIssue(group, index, f"collective call {index + 1} of group {list(group)} has different "
+                                             f"input shapes on different ranks: {sorted(shapes)}", nodes)
+    return None
+
+
+def scalar_term(fn: str, operand: str, value: Any) -> str:
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
+    if isinstance(value, int):
+        return f"(ScI {_q(fn)} {operand} {value})"
+    return f"(Sc {_q(fn)} {operand} {_q(repr(value))})"
+
+
+def fill_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return repr(float(value))
+    if isinstance(value, int | float):
+        return repr(float(value))
+    return str(value)
+
+
+def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    """How the dims of a reshape correspond, as vkeep / vsplit / vmerge facts (negative dims).
+
+    Non-unit dims are grouped by equal products: a group of one input and one output dim keeps a
+    dim, one input and several outputs splits it (outer dim first), several inputs and one output
+    merge. Size-1 dims carry no data: one may sit anywhere between the same two non-unit dims
+    without changing the element order, so a unit input dim keeps onto every unit output dim of
+    the same gap, and a unit dim next to a kept dim may be read as the outer part of a split
+    (or merge) of it. That makes [16] -> [1, 16] on a rank line up with [192] -> [12, 16] on the
+    reference.
+    """
+    ni, no = len(in_shape), len(out_shape)
+    in_real = [d for d in range(ni) if in_shape[d] != 1]
+    out_real = [d for d in range(no) if out_shape[d] != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = o = 0
+    while i < len(in_real) and o < len(out_real):
+        gi, go = [in_real[i]], [out_real[o]]
+        pi, po = in_shape[in_real[i]], out_shape[out_real[o]]
+        while pi != po:
+            if pi < po:
+                i += 1
+                if i >= len(in_real):
+                    return []
+                gi.append(in_real[i])
+                pi *= in_shape[in_real[i]]
+            else:
+                o += 1
+                if o >= len(out_real):
+                    return []
+                go.append(out_real[o])
+                po *= out_shape[out_real[o]]
+        groups.append((gi, go))
+        i += 1
+        o += 1
+    facts: list[str] = []
+
+    def fact(kind: str, *values: int) -> None:
+        facts.append(f"({kind} {name} {' '.join(str(v) for v in values)})")
+
+    for gi, go in groups:
+        if len(gi) == 1 and len(go) == 1:
+            fact("vkeep", gi[0] - ni, go[0] - no)
+        elif len(gi) == 1:
+            fact("vsplit", gi[0] - ni, go[0] - no, math.prod(out_shape[go[0] + 1 : go[-1] + 1]))
+        elif len(go) == 1:
+            fact("vmerge", gi[0] - ni, go[0] - no, math.prod(in_shape[gi[0] + 1 : gi[-1] + 1]))
+    in_edges = [-1] + [gi[-1] for gi, _ in groups] + [ni]
+    out_edges = [-1] + [go[-1] for _, go in groups] + [no]
+    for k in range(len(groups) + 1):
+        in_units = [d for d in range(in_edges[k] + 1, groups[k][0][0] if k < len(groups) else ni)
+                    if in_shape[d] == 1]
+        out_units = [d for d in range(out_edges[k] + 1, groups[k][1][0] if k < len(groups) else no)
+                     if out_shape[d] == 1]
+        for iu in in_units:
+            for ou in out_units:
+                fact("vkeep", iu - ni, ou - no)
+        if k < len(groups) and len(groups[k][0]) == 1 and len(groups[k][1]) == 1:
+            (i_dim,), (o_dim,) = groups[k]
+            for ou in out_units:
+                fact("vsplit", i_dim - ni, ou - no, math.prod(out_shape[ou + 1 : o_dim + 1]))
+            for iu in in_units:
+                fact("vmerge", iu - ni, o_dim - no, math.prod(in_shape[iu + 1 : i_dim + 1]))
+    return facts
+
+
+def expand_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    facts = []
+    for k in range(1, len(in_shape) + 1):
+        if in_shape[-k] == out_shape[-k]:
+            facts.append(f"(emap {name} {-k})")
+    return facts
+
+
+def encode_unit(reference: Graph, reference_values: dict[str, px.Expr], ranks: list[tuple[Graph, dict[str, px.Expr]]]
+                ) -> EncodedUnit:
+    """Encode the reference and all ranks of one world size into one program."""
+    encoder = Encoder()
+    encoder.add_placeholders(reference, reference_values)
+    encoder.add_reference_nodes(reference)
+    for graph, values in ranks:
+        encoder.add_placeholders(graph, values)
+    _encode_ranks(encoder, [g for g, _ in ranks])
+    return encoder.finish()
+
+
+def _encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
+    """Encode rank graphs in an order that respects collectives.
+
+    A collective's lowered term needs the inputs of all ranks of its group, so each rank is
+    encoded up to its next collective, the collectives whose inputs are all present are lowered,
+    and the walk repeats. Calls that can never be matched become unrelated leaves.
+    """
+    positions = {g.name: 0 for g in graphs}
+    lowered: dict[tuple[str, str], str] = {}
+    while True:
+        progressed = False
+        for graph in graphs:
+            while positions[graph.name] < len(graph.nodes):
+                node = graph.nodes[positions[graph.name]]
+                name = encoder._name(graph.name, node.id)
+                if node.collective is not None:
+                    if (graph.name, node.id) not in lowered:
+                        break
+                    encoder.let(name, lowered[(graph.name, node.id)], node.meta)
+                else:
+                    encoder.node_term(graph, node, name)
+                encoder.bind(graph, node.id, name)
+                positions[graph.name] += 1
+                progressed = True
+        if all(positions[g.name] >= len(g.nodes) for g in graphs):
+            return
+        newly = _lower_ready(encoder, graphs, exclude=set(lowered))
+        lowered.update(newly)
+        if not newly and not progressed:
+            for graph in graphs:
+                if positions[graph.name] < len(graph.nodes):
+                    node = graph.nodes[positions[graph.name]]
+                    lowered[(graph.name, node.id)] = f"(Leaf {_q(graph.name + '/' + node.id)})"
+
+
+def _lower_ready(encoder: Encoder, graphs: list[Graph], exclude: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Lower every matched collective call whose inputs are encoded on all its ranks."""
+    by_rank = {g.rank: g for g in graphs}
+    sequences: dict[tuple[tuple[int, ...], int], list[Node]] = {}
+    for graph in graphs:
+        for node in graph.nodes:
+            if node.collective is not None:
+                sequences.setdefault((node.collective.group, graph.rank), []).append(node)  # type: ignore[arg-type]
+    result: dict[tuple[str, str], str] = {}
+    reported = {(i.group, i.index) for i in encoder.issues}
+    for group in sorted({g for g, _ in sequences}):
+        members = [r for r in group if r in by_rank]
+        lengths = {r: len(sequences.get((group, r), [])) for r in members}
+        for k in range(max(lengths.values(), default=0)):
+            calls = {r: sequences[(group, r)][k] for r in members if k < lengths[r]}
+            if all((by_rank[r].name, n.id) in exclude for r, n in calls.items()):
+                continue
+            if not all((by_rank[r].name, n.inputs[0]) in encoder.term_of for r, n in calls.items()):
+                break
+            issue = _mismatch(group, k, calls, by_rank)
+            if issue is not None:
+                if (group, k) not in reported:
+                    encoder.issues.append(issue)
+                    reported.add((group, k))
+                for r, n in calls.items():
+                    result[(by_rank[r].name, n.id)] = f"(Leaf {_q(by_rank[r].name + '/' + n.id)})"
+                continue
+            for r, n in calls.items():
+                result[(by_rank[r].name, n.id)] = encoder._lower(n.collective, group, r, calls, by_rank)
+    return result

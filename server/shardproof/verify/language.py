@@ -1,0 +1,100 @@
+"""The egglog vocabulary: tensor terms, range lists, shapes and the relations between programs.
+
+Terms (sort `T`) name values of every program at once: the reference and all ranks share one
+e-graph, so a rank value that provably equals a reference value ends up in the same e-class
+("replicated"), and congruence carries that equality forward for free. Dims are negative.
+
+Relations (Datalog facts, all existence-guarded by the rules that derive them):
+
+  (sel X x d R)          x == X[..., R, ...]: the ranges R of dim d, concatenated in order
+                          (a shard is a one-range selection; fused weights have several ranges)
+  (selw X x d lo hi n)   x == X.narrow(d, s, n) for every s in [lo, hi] (replicated KV heads)
+  (psum X x s e K)       x is the contribution of reduced indices [s, e) of K to X: summing such
+                          contributions over a tiling of [0, K) gives X (row-parallel partial sums)
+  (frac X x p q)         x == X * p / q (a rank's share of a replicated bias)
+  (outside m ids s e)    m == (ids < s) | (ids >= e)           (vocab-parallel masks)
+  (localids l ids s e)   l == where(m, 0, ids - s) for such an m
+  (embpart y0 Y m s e)   y0 == embedding of the ids in [s, e) of Y, garbage where m is set
+
+Range lists `Rg` are built from RNil/RCons; RApp, RShift, RSub, RClip, RDiv, RMul and RCompose are
+evaluated by the `ranges` ruleset. A rule whose conclusion needs a computed list states it as a
+pending selection `(selp X x d R)`; it becomes `(sel X x d R)` only once R evaluated to a plain
+list. A list operation whose precondition fails (a range not aligned to a head, a range outside
+a slice) never evaluates, so it never yields a fact and never feeds another rule.
+"""
+
+from __future__ import annotations
+
+DECLARATIONS = r"""
+(datatype* (T
+    (Param String)
+    (Input String)
+    (Const String)
+    (Leaf String)
+    (Slice T i64 i64 i64)
+    (Cat T T i64)
+    (View T String)
+    (Permute T String)
+    (Expand T String)
+    (Rep T i64 i64)
+    (Un String T)
+    (Sc String T String)
+    (ScI String T i64)
+    (Bin String T T)
+    (Where T T T)
+    (Fill T T String)
+    (Red String T i64 i64)
+    (Softmax T i64)
+    (LogSoftmax T i64)
+    (Linear T T)
+    (Matmul T T)
+    (Emb T T)
+    (Sdpa T T T String)
+    (SdpaMask T T T T String)
+    (SumN TSet)
+    (MaxN TSet)
+    (MinN TSet)
+    (Op0 String String)
+    (Op1 String T String)
+    (Op2 String T T String)
+    (Op3 String T T T String)
+    (Op4 String T T T T String))
+  (sort TSet (MultiSet T)))
+
+(datatype Rg
+    (RNil)
+    (RCons i64 i64 Rg)
+    (RApp Rg Rg)
+    (RShift Rg i64)
+    (RSub Rg i64 i64)
+    (RClip Rg i64 i64)
+    (RDiv Rg i64)
+    (RMul Rg i64)
+    (RCompose Rg Rg))
+
+(function sz (T i64) i64 :no-merge)
+(function nd (T) i64 :no-merge)
+
+(relation sel (T T i64 Rg))
+(relation selp (T T i64 Rg))
+(relation evaluated (Rg))
+(relation selw (T T i64 i64 i64 i64))
+(relation psum (T T i64 i64 i64))
+(relation frac (T T i64 i64))
+(relation arin (T))
+(relation cover (T TSet i64 i64))
+(relation outside (T T i64 i64))
+(relation localids (T T i64 i64))
+(relation embpart (T T T i64 i64))
+
+(relation vkeep (T i64 i64))
+(relation vsplit (T i64 i64 i64))
+(relation vmerge (T i64 i64 i64))
+(relation pmap (T i64 i64))
+(relation emap (T i64))
+
+(relation node (T String))
+"""
+
+# Relations whose rows the verifier reads back after saturation.
+RESULT_RELATIONS = ("sel", "selw", "psum", "frac", "node")

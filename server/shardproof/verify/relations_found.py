@@ -1,0 +1,120 @@
+"""Index the relations egglog proved, by reference value and rank, in the graphs' own terms."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..graph.model import Graph
+from .engine import Facts, Ranges
+
+
+@dataclass(frozen=True)
+class Relation:
+    """How a rank value relates to a reference value (see verify/language.py)."""
+
+    kind: str  # equal | sel | selw | psum | frac
+    part: int  # e-class of the rank value
+    dim: int = 0
+    ranges: Ranges = ()
+    start: int = 0
+    end: int = 0
+    total: int = 0
+    num: int = 1
+    den: int = 1
+    lo: int = 0
+    hi: int = 0
+    length: int = 0
+
+    def describe(self, shape: tuple[int, ...] | None = None) -> str:
+        if self.kind == "equal":
+            return "the full value (replicated)"
+        if self.kind == "sel":
+            dim = _dim_name(self.dim, shape)
+            spans = ", ".join(f"[{s}:{e}]" for s, e in self.ranges)
+            return f"{spans} of {dim}"
+        if self.kind == "selw":
+            return f"{self.length} consecutive entries of {_dim_name(self.dim, shape)} starting anywhere in " \
+                   f"[{self.lo}, {self.hi}] (a replicated slice)"
+        if self.kind == "psum":
+            return f"a partial sum over [{self.start}:{self.end}] of the {self.total} reduced indices"
+        if self.kind == "frac":
+            return f"{self.num}/{self.den} of the value"
+        return self.kind
+
+
+def _dim_name(dim: int, shape: tuple[int, ...] | None) -> str:
+    if shape is None:
+        return f"dim {dim}"
+    return f"dim {len(shape) + dim} (size {shape[dim]})"
+
+
+class RelationIndex:
+    def __init__(self, reference: Graph, ranks: list[Graph], facts: Facts) -> None:
+        self.reference = reference
+        self.ranks = ranks
+        self.facts = facts
+        self.cls: dict[tuple[str, str], int] = {}
+        self.members: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for name, c in facts.classes.items():
+            graph, _, value = name.partition("/")
+            self.cls[(graph, value)] = c
+            self.members[c].append((graph, value))
+        self.by_ref: dict[int, list[Relation]] = defaultdict(list)
+        for ref, part, dim, ranges in facts.sel:
+            self.by_ref[ref].append(Relation("sel", part, dim=dim, ranges=ranges))
+        for ref, part, dim, lo, hi, n in facts.selw:
+            self.by_ref[ref].append(Relation("selw", part, dim=dim, lo=lo, hi=hi, length=n))
+        for ref, part, s, e, k in facts.psum:
+            self.by_ref[ref].append(Relation("psum", part, start=s, end=e, total=k))
+        for ref, part, p, q in facts.frac:
+            self.by_ref[ref].append(Relation("frac", part, num=p, den=q))
+
+    # -- lookups ----------------------------------------------------------------------------------
+    def class_of(self, graph: str, value: str) -> int | None:
+        return self.cls.get((graph, value))
+
+    def values_in(self, c: int, graph: str) -> list[str]:
+        return [v for g, v in self.members.get(c, []) if g == graph]
+
+    def has_reference_member(self, c: int) -> bool:
+        return any(g == "reference" for g, _ in self.members.get(c, []))
+
+    def reference_values(self, c: int) -> list[str]:
+        return self.values_in(c, "reference")
+
+    def relations(self, ref_value: str, rank: int) -> list[tuple[Relation, list[str]]]:
+        """Every proven relation between a reference value and rank `rank`'s values."""
+        c = self.class_of("reference", ref_value)
+        if c is None:
+            return []
+        graph = f"rank{rank}"
+        found: list[tuple[Relation, list[str]]] = []
+        same = self.values_in(c, graph)
+        if same:
+            found.append((Relation("equal", c), same))
+        for rel in self.by_ref.get(c, []):
+            values = self.values_in(rel.part, graph)
+            if values and rel.part != c:
+                found.append((rel, values))
+        return found
+
+    def related(self, ref_value: str, rank: int) -> bool:
+        return bool(self.relations(ref_value, rank))
+
+    def relations_of_rank_value(self, rank: int, value: str) -> list[tuple[Relation, list[str]]]:
+        """Relations in which a rank value takes part, with the reference values they relate it to."""
+        c = self.class_of(f"rank{rank}", value)
+        if c is None:
+            return []
+        out: list[tuple[Relation, list[str]]] = []
+        refs = self.reference_values(c)
+        if refs:
+            out.append((Relation("equal", c), refs))
+        for ref_class, rels in self.by_ref.items():
+            for rel in rels:
+                if rel.part == c and ref_class != c:
+                    ref_values = self.reference_values(ref_class)
+                    if ref_values:
+                        out.append((rel, ref_values))
+        return out
