@@ -39,83 +39,105 @@ class BugVariant:
 
 VARIANTS: tuple[BugVariant, ...] = (
     BugVariant(
-        "missing-all-reduce", "the row-parallel attention output projection returns its partial sum unreduced",
+        "missing-all-reduce",
+        "the row-parallel attention output projection returns its partial sum unreduced",
         "llama_example/tp.py",
         "return reduce_from_tp(F.linear(x, self.weight)) + self.bias",
         "return F.linear(x, self.weight) + self.bias",
-        (2, 4, 8), "missing-reduction",
+        (2, 4, 8),
+        "missing-reduction",
     ),
     BugVariant(
-        "all-reduce-twice", "the row-parallel output is all-reduced twice, multiplying it by the world size",
+        "all-reduce-twice",
+        "the row-parallel output is all-reduced twice, multiplying it by the world size",
         "llama_example/tp.py",
         "return reduce_from_tp(F.linear(x, self.weight)) + self.bias",
         "return reduce_from_tp(reduce_from_tp(F.linear(x, self.weight))) + self.bias",
-        (2, 4, 8), "duplicate-reduction",
+        (2, 4, 8),
+        "duplicate-reduction",
     ),
     BugVariant(
-        "bias-before-reduction", "every rank adds the full bias before the all-reduce",
+        "bias-before-reduction",
+        "every rank adds the full bias before the all-reduce",
         "llama_example/tp.py",
         "return reduce_from_tp(F.linear(x, self.weight)) + self.bias",
         "return reduce_from_tp(F.linear(x, self.weight) + self.bias)",
-        (2, 4, 8), "bias-before-reduction",
+        (2, 4, 8),
+        "bias-before-reduction",
     ),
     BugVariant(
-        "gather-wrong-dim", "the LM-head shards are concatenated along the sequence instead of the vocabulary",
+        "gather-wrong-dim",
+        "the LM-head shards are concatenated along the sequence instead of the vocabulary",
         "llama_example/tp.py",
         "return torch.cat(gathered.chunk(world_size, dim=0), dim=-1)",
         "return torch.cat(gathered.chunk(world_size, dim=0), dim=1)",
-        (2, 4, 8), "wrong-layout",
+        (2, 4, 8),
+        "wrong-layout",
     ),
     BugVariant(
-        "gate-up-swapped", "the packed gate/up shard is concatenated as [up, gate] but split as [gate, up]",
+        "gate-up-swapped",
+        "the packed gate/up shard is concatenated as [up, gate] but split as [gate, up]",
         "llama_example/tp.py",
         "ffn.w_gate_up.weight.copy_(torch.cat([gate, up]))",
         "ffn.w_gate_up.weight.copy_(torch.cat([up, gate]))",
-        (2, 4, 8), "shard-order",
+        (2, 4, 8),
+        "shard-order",
     ),
     BugVariant(
-        "kv-heads-split", "key/value heads are dealt out round-robin as if split, although ranks sharing a "
+        "kv-heads-split",
+        "key/value heads are dealt out round-robin as if split, although ranks sharing a "
         "key/value head must hold the same replica",
         "llama_example/tp.py",
         "k_local = k_rows.narrow(0, (rank * cfg.n_kv_heads // world_size) * hd, kv_rows)",
         "k_local = k_rows.narrow(0, (rank % cfg.n_kv_heads) * hd, kv_rows)",
-        (4, 8), "wrong-shard",
+        (4, 8),
+        "wrong-shard",
     ),
     BugVariant(
-        "rotary-head-offset", "rotary embeddings start at the rank's global head index inside its local heads",
+        "rotary-head-offset",
+        "rotary embeddings start at the rank's global head index inside its local heads",
         "llama_example/tp.py",
         "qkv = rotate_heads(qkv, cos, sin, start=0, count=self.n_local_heads + self.n_local_kv_heads)",
         "qkv = rotate_heads(qkv, cos, sin, start=self.rank * self.n_local_heads, count=self.n_local_heads "
         "+ self.n_local_kv_heads)",
-        (2, 4, 8), "wrong-shard",
+        (2, 4, 8),
+        "wrong-shard",
     ),
     BugVariant(
-        "bias-share-scaled-twice", "the bias share, already divided by the world size when loaded, is divided again",
+        "bias-share-scaled-twice",
+        "the bias share, already divided by the world size when loaded, is divided again",
         "llama_example/tp.py",
         "return reduce_from_tp(F.linear(x, self.weight, self.bias))",
         "return reduce_from_tp(F.linear(x, self.weight, self.bias / self.world_size))",
-        (2, 4, 8), "wrong-scaling",
+        (2, 4, 8),
+        "wrong-scaling",
     ),
     BugVariant(
-        "fused-qkv-layout", "the packed QKV weight is sharded as one matrix instead of per q/k/v part",
+        "fused-qkv-layout",
+        "the packed QKV weight is sharded as one matrix instead of per q/k/v part",
         "llama_example/tp.py",
         "attn.wqkv.weight.copy_(torch.cat([q_local, k_local, v_local]))",
         "attn.wqkv.weight.copy_(shard(ref.wqkv.weight, 0, rank, world_size))",
-        (2,), "wrong-shard",
+        (2,),
+        "wrong-shard",
     ),
     BugVariant(
-        "embedding-mask-off-by-one", "the vocab-parallel mask drops the first token id of every rank's range",
+        "embedding-mask-off-by-one",
+        "the vocab-parallel mask drops the first token id of every rank's range",
         "llama_example/tp.py",
         "outside = (tokens < self.vocab_start) | (tokens >= self.vocab_end)",
         "outside = (tokens <= self.vocab_start) | (tokens >= self.vocab_end)",
-        (2, 4, 8), "wrong-shard",
+        (2, 4, 8),
+        "wrong-shard",
     ),
     BugVariant(
-        "every-rank-shard-zero", "every rank loads the first shard of the attention output projection",
+        "every-rank-shard-zero",
+        "every rank loads the first shard of the attention output projection",
         "llama_example/tp.py",
         "attn.wo.weight.copy_(shard(ref.wo.weight, 1, rank, world_size))",
         "attn.wo.weight.copy_(shard(ref.wo.weight, 1, 0, world_size))",
-        (2, 4, 8), "wrong-shard",
+        (2, 4, 8),
+        "wrong-shard",
     ),
 )
 
@@ -149,8 +171,7 @@ def materialize(bug: BugVariant, dest: Path) -> Path:
     """Write the example with `bug` applied to dest; returns dest."""
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(HERE / "llama_example", dest / "llama_example",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(HERE / "llama_example", dest / "llama_example", ignore=shutil.ignore_patterns("__pycache__"))
     target = dest / bug.file
     lines = target.read_text().splitlines(keepends=True)
     index = bug.line_number(HERE) - 1

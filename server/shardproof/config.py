@@ -123,8 +123,9 @@ def parse_project(text: str, pyproject: Path) -> Project:
     lines = text.splitlines()
 
     def site(line: int) -> Frame:
-        return Frame(str(pyproject), line, "[tool.shardproof]", lines[line - 1].strip() if 0 < line <= len(lines)
-                     else "")
+        return Frame(
+            str(pyproject), line, "[tool.shardproof]", lines[line - 1].strip() if 0 < line <= len(lines) else ""
+        )
 
     try:
         data = tomllib.loads(text)
@@ -175,22 +176,28 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         value = _key(raw, key)
         if not isinstance(value, str) or not _SPEC.match(value):
             raise ConfigError(
-                f"check {name!r}: `{key}` must be \"package.module:function\", got {value!r}", site(key_line(key))
+                f'check {name!r}: `{key}` must be "package.module:function", got {value!r}', site(key_line(key))
             )
         specs[key] = value
     world_sizes = _key(raw, "world_sizes")
-    if (not isinstance(world_sizes, list) or not world_sizes
-            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in world_sizes)):
-        raise ConfigError(f"check {name!r}: `world-sizes` must be a list of positive integers",
-                          site(key_line("world_sizes")))
+    if (
+        not isinstance(world_sizes, list)
+        or not world_sizes
+        or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in world_sizes)
+    ):
+        raise ConfigError(
+            f"check {name!r}: `world-sizes` must be a list of positive integers", site(key_line("world_sizes"))
+        )
     outputs = _key(raw, "outputs") or "sharded"
     if outputs not in OUTPUT_EXPECTATIONS:
-        raise ConfigError(f"check {name!r}: `outputs` must be one of {', '.join(OUTPUT_EXPECTATIONS)}",
-                          site(key_line("outputs")))
+        raise ConfigError(
+            f"check {name!r}: `outputs` must be one of {', '.join(OUTPUT_EXPECTATIONS)}", site(key_line("outputs"))
+        )
     parameters_raw = _key(raw, "parameters") or {}
     if not isinstance(parameters_raw, dict):
-        raise ConfigError(f"check {name!r}: `parameters` must be a table of pattern = relation",
-                          site(key_line("parameters")))
+        raise ConfigError(
+            f"check {name!r}: `parameters` must be a table of pattern = relation", site(key_line("parameters"))
+        )
     parameters: list[tuple[str, str]] = []
     for pattern, relation in parameters_raw.items():
         if not isinstance(relation, str) or not _RELATION.match(relation):
@@ -213,6 +220,13 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
     except (TypeError, ValueError):
         raise ConfigError(f"check {name!r}: bounds must be numbers", site(key_line("bounds"))) from None
     return Check(
-        name=name, reference=specs["reference"], parallel=specs["parallel"], inputs=specs["inputs"],
-        world_sizes=tuple(world_sizes), outputs=outputs, parameters=tuple(parameters), bounds=bounds, line=line,
+        name=name,
+        reference=specs["reference"],
+        parallel=specs["parallel"],
+        inputs=specs["inputs"],
+        world_sizes=tuple(world_sizes),
+        outputs=outputs,
+        parameters=tuple(parameters),
+        bounds=bounds,
+        line=line,
     )

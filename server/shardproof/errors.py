@@ -36,8 +36,13 @@ class UserCodeError(ShardproofError):
 
 def _frame_dict(frame: Frame) -> dict[str, Any]:
     return {
-        "file": frame.file, "line": frame.line, "column": frame.column, "end_line": frame.end_line,
-        "end_column": frame.end_column, "function": frame.function, "code": frame.code,
+        "file": frame.file,
+        "line": frame.line,
+        "column": frame.column,
+        "end_line": frame.end_line,
+        "end_column": frame.end_column,
+        "function": frame.function,
+        "code": frame.code,
     }
 
 
@@ -54,9 +59,15 @@ def user_code_error(exc: BaseException, stage: str) -> UserCodeError:
         frames = traceback.extract_tb(exc.__traceback__)
         for summary in reversed(frames):
             if is_user_file(summary.filename):
-                site = Frame(summary.filename, summary.lineno or 0, summary.name, (summary.line or "").strip(),
-                             getattr(summary, "colno", None), getattr(summary, "end_lineno", None),
-                             getattr(summary, "end_colno", None))
+                site = Frame(
+                    summary.filename,
+                    summary.lineno or 0,
+                    summary.name,
+                    (summary.line or "").strip(),
+                    getattr(summary, "colno", None),
+                    getattr(summary, "end_lineno", None),
+                    getattr(summary, "end_colno", None),
+                )
                 break
     message = f"{stage}: {type(exc).__name__}: {_first_line(exc)}"
     detail = "".join(traceback.format_exception(exc)).strip()

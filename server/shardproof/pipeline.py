@@ -31,8 +31,13 @@ def _bound_message(status: str, message: str, check: Check) -> str:
     }.get(status, message or status)
 
 
-def verify_check(check: Check, project: Project, world_sizes: list[int] | None = None,
-                 sandbox: Sandbox | None = None, progress: ProgressFn | None = None) -> CheckResult:
+def verify_check(
+    check: Check,
+    project: Project,
+    world_sizes: list[int] | None = None,
+    sandbox: Sandbox | None = None,
+    progress: ProgressFn | None = None,
+) -> CheckResult:
     from .capture.program import CheckCapture
 
     notify: ProgressFn = progress or (lambda *_: None)
@@ -54,8 +59,9 @@ def verify_check(check: Check, project: Project, world_sizes: list[int] | None =
     return result
 
 
-def verify_world_size(capture: object, check: Check, world_size: int, sandbox: Sandbox,
-                      progress: ProgressFn) -> WorldSizeResult:
+def verify_world_size(
+    capture: object, check: Check, world_size: int, sandbox: Sandbox, progress: ProgressFn
+) -> WorldSizeResult:
     from .capture.program import CheckCapture
 
     assert isinstance(capture, CheckCapture)
@@ -65,13 +71,19 @@ def verify_world_size(capture: object, check: Check, world_size: int, sandbox: S
     try:
         captured = capture.capture(world_size)
     except ShardproofError as exc:
-        return WorldSizeResult(world_size, "error", summary=exc.message, error=exc.to_dict(),
-                               seconds={"capture": time.perf_counter() - start})
+        return WorldSizeResult(
+            world_size,
+            "error",
+            summary=exc.message,
+            error=exc.to_dict(),
+            seconds={"capture": time.perf_counter() - start},
+        )
     seconds["capture"] = time.perf_counter() - start
     progress(check.name, world_size, "relations")
     start = time.perf_counter()
-    unit = encode_unit(captured.reference.graph, captured.reference.values,
-                       [(r.graph, r.values) for r in captured.ranks])
+    unit = encode_unit(
+        captured.reference.graph, captured.reference.values, [(r.graph, r.values) for r in captured.ranks]
+    )
     seconds["relations"] = time.perf_counter() - start
     progress(check.name, world_size, "verification")
     start = time.perf_counter()
@@ -89,8 +101,14 @@ def verify_world_size(capture: object, check: Check, world_size: int, sandbox: S
     }
     if saturation.facts is None:
         message = _bound_message(saturation.status, saturation.message, check)
-        return WorldSizeResult(world_size, "inconclusive", summary=message,
-                               inconclusive=[Unsupported("bound", message)], seconds=seconds, stats=stats)
+        return WorldSizeResult(
+            world_size,
+            "inconclusive",
+            summary=message,
+            inconclusive=[Unsupported("bound", message)],
+            seconds=seconds,
+            stats=stats,
+        )
     progress(check.name, world_size, "localization")
     start = time.perf_counter()
     ranks = [r.graph for r in captured.ranks]

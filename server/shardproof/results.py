@@ -138,8 +138,12 @@ class CheckResult:
         return "verified" if self.results else "error"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "verdict": self.verdict, "error": self.error,
-                "world_sizes": [r.to_dict() for r in self.results]}
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "error": self.error,
+            "world_sizes": [r.to_dict() for r in self.results],
+        }
 
 
 def exit_code(checks: list[CheckResult]) -> int:

@@ -165,4 +165,3 @@ def example_inputs(cfg: LlamaConfig | None = None) -> tuple[torch.Tensor]:
 
 def example_inputs_quick() -> tuple[torch.Tensor]:
     return example_inputs(QUICK_CONFIG)
-

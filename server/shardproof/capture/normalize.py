@@ -31,31 +31,136 @@ from ..relations.expr import norm_dim
 from .frames import parse_stack_trace
 
 _ALIASES = {
-    "wait_tensor", "clone", "contiguous", "alias", "detach", "lift_fresh_copy", "lift_fresh", "alias_copy",
-    "detach_copy", "_conj", "resolve_conj", "resolve_neg",
+    "wait_tensor",
+    "clone",
+    "contiguous",
+    "alias",
+    "detach",
+    "lift_fresh_copy",
+    "lift_fresh",
+    "alias_copy",
+    "detach_copy",
+    "_conj",
+    "resolve_conj",
+    "resolve_neg",
 }
-_DROPPED = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size",
-            "_assert_async", "sym_size", "sym_numel", "sym_stride"}
-_VIEWS = {"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_copy",
-          "squeeze_copy", "unsqueeze_copy", "_reshape_alias", "_reshape_copy"}
+_DROPPED = {
+    "_assert_tensor_metadata",
+    "_assert_scalar",
+    "sym_constrain_range",
+    "sym_constrain_range_for_size",
+    "_assert_async",
+    "sym_size",
+    "sym_numel",
+    "sym_stride",
+}
+_VIEWS = {
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "unsqueeze",
+    "squeeze",
+    "flatten",
+    "unflatten",
+    "view_copy",
+    "squeeze_copy",
+    "unsqueeze_copy",
+    "_reshape_alias",
+    "_reshape_copy",
+}
 _UNARY = {
-    "neg", "silu", "relu", "rsqrt", "sqrt", "exp", "log", "sin", "cos", "tanh", "sigmoid", "abs", "reciprocal",
-    "logical_not", "bitwise_not", "erf", "exp2", "log1p", "expm1", "sign", "floor", "ceil", "round", "square",
-    "hardtanh", "softplus", "gelu", "isnan", "isinf", "mish", "elu", "leaky_relu", "relu6", "hardsigmoid",
-    "hardswish", "log2", "trunc", "frac",
+    "neg",
+    "silu",
+    "relu",
+    "rsqrt",
+    "sqrt",
+    "exp",
+    "log",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "abs",
+    "reciprocal",
+    "logical_not",
+    "bitwise_not",
+    "erf",
+    "exp2",
+    "log1p",
+    "expm1",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "square",
+    "hardtanh",
+    "softplus",
+    "gelu",
+    "isnan",
+    "isinf",
+    "mish",
+    "elu",
+    "leaky_relu",
+    "relu6",
+    "hardsigmoid",
+    "hardswish",
+    "log2",
+    "trunc",
+    "frac",
 }
 _BINARY = {
-    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum", "minimum": "minimum",
-    "pow": "pow", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "__or__": "or",
-    "__and__": "and", "__xor__": "xor", "bitwise_or": "or", "bitwise_and": "and", "bitwise_xor": "xor",
-    "logical_or": "or", "logical_and": "and", "logical_xor": "xor", "remainder": "remainder",
-    "floor_divide": "floor_divide", "atan2": "atan2", "fmod": "fmod", "rsub": "rsub",
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "div": "div",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "pow": "pow",
+    "eq": "eq",
+    "ne": "ne",
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "__or__": "or",
+    "__and__": "and",
+    "__xor__": "xor",
+    "bitwise_or": "or",
+    "bitwise_and": "and",
+    "bitwise_xor": "xor",
+    "logical_or": "or",
+    "logical_and": "and",
+    "logical_xor": "xor",
+    "remainder": "remainder",
+    "floor_divide": "floor_divide",
+    "atan2": "atan2",
+    "fmod": "fmod",
+    "rsub": "rsub",
 }
-_REDUCTIONS = {"mean": "mean", "sum": "sum", "amax": "amax", "amin": "amin", "prod": "prod", "logsumexp": "logsumexp",
-               "all": "all", "any": "any"}
+_REDUCTIONS = {
+    "mean": "mean",
+    "sum": "sum",
+    "amax": "amax",
+    "amin": "amin",
+    "prod": "prod",
+    "logsumexp": "logsumexp",
+    "all": "all",
+    "any": "any",
+}
 _COLLECTIVES = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast"}
-_DETERMINISTIC_FACTORIES = {"zeros", "ones", "full", "arange", "linspace", "eye", "scalar_tensor", "zeros_like",
-                            "ones_like", "full_like", "tensor"}
+_DETERMINISTIC_FACTORIES = {
+    "zeros",
+    "ones",
+    "full",
+    "arange",
+    "linspace",
+    "eye",
+    "scalar_tensor",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "tensor",
+}
 _UNINITIALISED_FACTORIES = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
 
@@ -85,8 +190,14 @@ def _literal(value: Any) -> Any:
 
 
 class _Builder:
-    def __init__(self, program: torch.export.ExportedProgram, name: str, rank: int | None, world_size: int,
-                 resolve_group: Callable[[str], tuple[int, ...]] | None) -> None:
+    def __init__(
+        self,
+        program: torch.export.ExportedProgram,
+        name: str,
+        rank: int | None,
+        world_size: int,
+        resolve_group: Callable[[str], tuple[int, ...]] | None,
+    ) -> None:
         self.program = program
         self.graph = Graph(name=name, rank=rank, world_size=world_size, placeholders=[], nodes=[], outputs=[])
         self.resolve_group = resolve_group
@@ -100,13 +211,30 @@ class _Builder:
             raise TypeError(f"expected a tensor argument, got {arg!r}")
         return self.alias.get(arg.name, arg.name)
 
-    def add(self, fx: torch.fx.Node, op: str, inputs: list[str], attrs: dict[str, Any], meta: TensorMeta,
-            suffix: str = "", collective: Collective | None = None) -> str:
+    def add(
+        self,
+        fx: torch.fx.Node,
+        op: str,
+        inputs: list[str],
+        attrs: dict[str, Any],
+        meta: TensorMeta,
+        suffix: str = "",
+        collective: Collective | None = None,
+    ) -> str:
         node_id = fx.name + suffix
         module_path, module_type = _module_of(fx)
-        node = Node(id=node_id, op=op, inputs=tuple(inputs), attrs=attrs, meta=meta,
-                    site=_site_of(fx), module_path=module_path, module_type=module_type, collective=collective,
-                    original=_target_name(fx))
+        node = Node(
+            id=node_id,
+            op=op,
+            inputs=tuple(inputs),
+            attrs=attrs,
+            meta=meta,
+            site=_site_of(fx),
+            module_path=module_path,
+            module_type=module_type,
+            collective=collective,
+            original=_target_name(fx),
+        )
         self.graph.nodes.append(node)
         self.metas[node_id] = meta
         if node.site:
@@ -125,8 +253,12 @@ class _Builder:
             if arg_name is None:
                 continue
             kind = {
-                "PARAMETER": "parameter", "BUFFER": "buffer", "CONSTANT_TENSOR": "constant",
-                "USER_INPUT": "input", "CUSTOM_OBJ": "constant", "TOKEN": "constant",
+                "PARAMETER": "parameter",
+                "BUFFER": "buffer",
+                "CONSTANT_TENSOR": "constant",
+                "USER_INPUT": "input",
+                "CUSTOM_OBJ": "constant",
+                "TOKEN": "constant",
             }.get(spec.kind.name, "constant")
             target = spec.target if spec.target is not None else arg_name
             kinds[arg_name] = (kind, target)
@@ -150,7 +282,7 @@ class _Builder:
                     if isinstance(out, torch.fx.Node):
                         self.graph.outputs.append(self.value(out))
         user_outputs = [s for s in signature.output_specs if s.kind.name == "USER_OUTPUT"]
-        self.graph.outputs = self.graph.outputs[-len(user_outputs):] if user_outputs else []
+        self.graph.outputs = self.graph.outputs[-len(user_outputs) :] if user_outputs else []
         return self.graph
 
     def convert(self, fx: torch.fx.Node) -> None:
@@ -205,8 +337,16 @@ class _Builder:
             return
         self.generic(fx, name, args, kwargs, meta)
 
-    def generic(self, fx: torch.fx.Node, name: str, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta,
-                index: int = 0, suffix: str = "") -> str:
+    def generic(
+        self,
+        fx: torch.fx.Node,
+        name: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        meta: TensorMeta,
+        index: int = 0,
+        suffix: str = "",
+    ) -> str:
         inputs: list[str] = []
         literal_args: list[Any] = []
         for a in [*args, *kwargs.values()]:
@@ -225,8 +365,15 @@ class _Builder:
 
     def multi_output(self, fx: torch.fx.Node, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         outputs = fx.meta["val"]
-        if name in ("split", "split_with_sizes", "unbind", "chunk", "split_copy", "split_with_sizes_copy",
-                    "unbind_copy"):
+        if name in (
+            "split",
+            "split_with_sizes",
+            "unbind",
+            "chunk",
+            "split_copy",
+            "split_with_sizes_copy",
+            "unbind_copy",
+        ):
             source = self.value(args[0])
             meta = self.meta(source)
             dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
@@ -241,11 +388,18 @@ class _Builder:
                 length = 1 if name.startswith("unbind") else out_meta.shape[meta.ndim + dim]
                 sliced_shape = list(meta.shape)
                 sliced_shape[meta.ndim + dim] = length
-                sliced = self.add(fx, "slice", [source], {"dim": dim, "start": start, "end": start + length},
-                                  TensorMeta(tuple(sliced_shape), meta.dtype), suffix=f".{i}")
+                sliced = self.add(
+                    fx,
+                    "slice",
+                    [source],
+                    {"dim": dim, "start": start, "end": start + length},
+                    TensorMeta(tuple(sliced_shape), meta.dtype),
+                    suffix=f".{i}",
+                )
                 if tuple(sliced_shape) != out_meta.shape:
-                    sliced = self.add(fx, "view", [sliced], {"shape": list(out_meta.shape)}, out_meta,
-                                      suffix=f".{i}.view")
+                    sliced = self.add(
+                        fx, "view", [sliced], {"shape": list(out_meta.shape)}, out_meta, suffix=f".{i}.view"
+                    )
                 ids.append(sliced)
                 start += length
             self.multi[fx.name] = ids
@@ -253,8 +407,9 @@ class _Builder:
         ids = []
         for i, out in enumerate(outputs):
             out_meta = _meta_of(out)
-            ids.append(None if out_meta is None else self.generic(fx, name, args, kwargs, out_meta, index=i,
-                                                                  suffix=f".{i}"))
+            ids.append(
+                None if out_meta is None else self.generic(fx, name, args, kwargs, out_meta, index=i, suffix=f".{i}")
+            )
         self.multi[fx.name] = ids
 
     def getitem(self, fx: torch.fx.Node) -> None:
@@ -281,16 +436,18 @@ class _Builder:
         alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
         if fn in ("add", "sub") and alpha != 1 and isinstance(right, torch.fx.Node):
             right_id = self.value(right)
-            right_id = self.add(fx, "scalar", [right_id], {"fn": "mul", "value": _literal(alpha)},
-                                self.meta(right_id), suffix=".alpha")
+            right_id = self.add(
+                fx, "scalar", [right_id], {"fn": "mul", "value": _literal(alpha)}, self.meta(right_id), suffix=".alpha"
+            )
             self.add(fx, "binary", [self.value(left), right_id], {"fn": fn}, meta)
             return
         if fn == "rsub":
             if isinstance(right, torch.fx.Node):
                 self.add(fx, "binary", [self.value(right), self.value(left)], {"fn": "sub"}, meta)
             else:
-                negated = self.add(fx, "unary", [self.value(left)], {"fn": "neg"}, self.meta(self.value(left)),
-                                   suffix=".neg")
+                negated = self.add(
+                    fx, "unary", [self.value(left)], {"fn": "neg"}, self.meta(self.value(left)), suffix=".neg"
+                )
                 self.add(fx, "scalar", [negated], {"fn": "add", "value": _literal(right)}, meta)
             return
         left_id, left_scalar = self.scalar_or_value(left)
@@ -322,10 +479,19 @@ class _Builder:
                 shape[current_meta.ndim + d] = 1
             else:
                 del shape[current_meta.ndim + d]
-            step_meta = TensorMeta(tuple(shape), meta.dtype) if i == len(dims) - 1 else TensorMeta(
-                tuple(shape), current_meta.dtype)
-            current = self.add(fx, "reduce", [current], {"fn": fn, "dim": d, "keepdim": keepdim}, step_meta,
-                               suffix="" if i == len(dims) - 1 else f".{i}")
+            step_meta = (
+                TensorMeta(tuple(shape), meta.dtype)
+                if i == len(dims) - 1
+                else TensorMeta(tuple(shape), current_meta.dtype)
+            )
+            current = self.add(
+                fx,
+                "reduce",
+                [current],
+                {"fn": fn, "dim": d, "keepdim": keepdim},
+                step_meta,
+                suffix="" if i == len(dims) - 1 else f".{i}",
+            )
             current_meta = step_meta
         if not dims:
             self.alias[fx.name] = source
@@ -404,8 +570,14 @@ class _Builder:
         index = args[2] + size if args[2] < 0 else args[2]
         shape = list(src_meta.shape)
         shape[src_meta.ndim + d] = 1
-        sliced = self.add(fx, "slice", [source], {"dim": d, "start": index, "end": index + 1},
-                          TensorMeta(tuple(shape), src_meta.dtype), suffix=".slice")
+        sliced = self.add(
+            fx,
+            "slice",
+            [source],
+            {"dim": d, "start": index, "end": index + 1},
+            TensorMeta(tuple(shape), src_meta.dtype),
+            suffix=".slice",
+        )
         self.add(fx, "view", [sliced], {"shape": list(meta.shape)}, meta)
         return True
 
@@ -460,8 +632,11 @@ class _Builder:
             part_meta = self.meta(part)
             shape = list(part_meta.shape)
             shape.insert(meta.ndim + dim, 1)
-            parts.append(self.add(fx, "view", [part], {"shape": shape}, TensorMeta(tuple(shape), part_meta.dtype),
-                                  suffix=f".{i}"))
+            parts.append(
+                self.add(
+                    fx, "view", [part], {"shape": shape}, TensorMeta(tuple(shape), part_meta.dtype), suffix=f".{i}"
+                )
+            )
         self.add(fx, "cat", parts, {"dim": dim}, meta)
         return True
 
@@ -494,8 +669,9 @@ class _Builder:
         self.add(fx, "embedding", [self.value(args[0]), self.value(args[1])], {"padding_idx": padding_idx}, meta)
         return True
 
-    def op_scaled_dot_product_attention(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any],
-                                        meta: TensorMeta) -> bool:
+    def op_scaled_dot_product_attention(
+        self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta
+    ) -> bool:
         q, k, v = (self.value(a) for a in args[:3])
         mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
         dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
@@ -544,8 +720,9 @@ class _Builder:
         mask_id = self.value(mask)
         if mask_meta.ndim < meta.ndim:
             shape = list(mask_meta.shape) + [1] * (meta.ndim - mask_meta.ndim)
-            mask_id = self.add(fx, "view", [mask_id], {"shape": shape}, TensorMeta(tuple(shape), "bool"),
-                               suffix=".mask")
+            mask_id = self.add(
+                fx, "view", [mask_id], {"shape": shape}, TensorMeta(tuple(shape), "bool"), suffix=".mask"
+            )
         self.add(fx, "where", [mask_id, self.value(value), self.value(x)], {}, meta)
         return True
 
@@ -591,6 +768,11 @@ def _module_of(fx: torch.fx.Node) -> tuple[str, str]:
     return str(path), str(module_type)
 
 
-def to_graph(program: torch.export.ExportedProgram, name: str, rank: int | None, world_size: int,
-             resolve_group: Callable[[str], tuple[int, ...]] | None = None) -> Graph:
+def to_graph(
+    program: torch.export.ExportedProgram,
+    name: str,
+    rank: int | None,
+    world_size: int,
+    resolve_group: Callable[[str], tuple[int, ...]] | None = None,
+) -> Graph:
     return _Builder(program, name, rank, world_size, resolve_group).build()

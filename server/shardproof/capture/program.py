@@ -100,8 +100,9 @@ def load_callable(spec: str, role: str, check: Check, project: Project) -> Calla
     target: Any = module
     for part in attr_path.split("."):
         if not hasattr(target, part):
-            raise ConfigError(f"check {check.name!r}: {role} {spec!r}: {module_name} has no {attr_path!r}",
-                              project.site(check.line))
+            raise ConfigError(
+                f"check {check.name!r}: {role} {spec!r}: {module_name} has no {attr_path!r}", project.site(check.line)
+            )
         target = getattr(target, part)
     if not callable(target):
         raise ConfigError(f"check {check.name!r}: {role} {spec!r} is not callable", project.site(check.line))
@@ -170,8 +171,14 @@ def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size:
     dim = dim - nd if dim >= 0 else dim
     size = reference.shape[nd + dim]
     per_rank = size // world_size
-    return SliceOf(source=reference, dim=dim, start=rank * per_rank, end=(rank + 1) * per_rank, shape=expr.shape,
-                   dtype=reference.dtype)
+    return SliceOf(
+        source=reference,
+        dim=dim,
+        start=rank * per_rank,
+        end=(rank + 1) * per_rank,
+        shape=expr.shape,
+        dtype=reference.dtype,
+    )
 
 
 class CheckCapture:
@@ -215,8 +222,13 @@ class CheckCapture:
                     tracker = ProvenanceTracker()
                     reference_module, reference_values = _build_reference(self.build_reference, tracker)
                     with tracker, torch.device("meta"):
-                        module = _call_user(self.build_parallel, f"building rank {rank} of {world_size}",
-                                            reference_module, rank, world_size)
+                        module = _call_user(
+                            self.build_parallel,
+                            f"building rank {rank} of {world_size}",
+                            reference_module,
+                            rank,
+                            world_size,
+                        )
                     if not isinstance(module, nn.Module):
                         raise UserCodeError(
                             f"the parallel builder returned {type(module).__name__} for rank {rank}, not an nn.Module"
@@ -227,14 +239,20 @@ class CheckCapture:
                     graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
                 ranks.append(RankCapture(rank, graph, values))
         elapsed = time.perf_counter() - start
-        return CaptureResult(reference, ranks, world_size,
-                             {"reference": reference.seconds, "ranks": elapsed})
+        return CaptureResult(reference, ranks, world_size, {"reference": reference.seconds, "ranks": elapsed})
 
-    def _rank_values(self, module: nn.Module, tracker: ProvenanceTracker, reference_values: dict[str, Expr],
-                     rank: int, world_size: int) -> dict[str, Expr]:
+    def _rank_values(
+        self,
+        module: nn.Module,
+        tracker: ProvenanceTracker,
+        reference_values: dict[str, Expr],
+        rank: int,
+        world_size: int,
+    ) -> dict[str, Expr]:
         values: dict[str, Expr] = {}
         tensors = list(module.named_parameters(remove_duplicate=False)) + list(
-            module.named_buffers(remove_duplicate=False))
+            module.named_buffers(remove_duplicate=False)
+        )
         for name, tensor in tensors:
             expr = tracker.expr_of(tensor)
             relation = self.check.relation_override(name)

@@ -44,16 +44,60 @@ from ..relations.expr import (
 from .frames import site_from_live_stack
 
 _DETERMINISTIC_FACTORIES = {
-    "zeros", "ones", "full", "arange", "linspace", "logspace", "eye", "zeros_like", "ones_like", "full_like",
-    "scalar_tensor", "lift_fresh", "lift_fresh_copy", "_to_copy", "tril", "triu", "tensor",
+    "zeros",
+    "ones",
+    "full",
+    "arange",
+    "linspace",
+    "logspace",
+    "eye",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "scalar_tensor",
+    "lift_fresh",
+    "lift_fresh_copy",
+    "_to_copy",
+    "tril",
+    "triu",
+    "tensor",
 }
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
-_RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "normal", "multinomial",
-           "randperm"}
-_RANDOM_INPLACE = {"uniform_", "normal_", "bernoulli_", "random_", "exponential_", "geometric_", "log_normal_",
-                   "cauchy_", "erfinv_"}
-_IDENTITY = {"clone", "contiguous", "alias", "lift_fresh", "lift_fresh_copy", "detach", "detach_copy", "alias_copy",
-             "_unsafe_view", "view_copy"}
+_RANDOM = {
+    "rand",
+    "randn",
+    "randint",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "bernoulli",
+    "normal",
+    "multinomial",
+    "randperm",
+}
+_RANDOM_INPLACE = {
+    "uniform_",
+    "normal_",
+    "bernoulli_",
+    "random_",
+    "exponential_",
+    "geometric_",
+    "log_normal_",
+    "cauchy_",
+    "erfinv_",
+}
+_IDENTITY = {
+    "clone",
+    "contiguous",
+    "alias",
+    "lift_fresh",
+    "lift_fresh_copy",
+    "detach",
+    "detach_copy",
+    "alias_copy",
+    "_unsafe_view",
+    "view_copy",
+}
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
@@ -104,8 +148,9 @@ def _decode(layout: _Region, region: _Region) -> _Box | None:
     for size, stride in zip(region.shape, region.stride, strict=True):
         if size == 1:
             continue
-        match = [d for d in range(len(layout.shape)) if layout.stride[d] == stride and d not in used
-                 and layout.shape[d] > 1]
+        match = [
+            d for d in range(len(layout.shape)) if layout.stride[d] == stride and d not in used and layout.shape[d] > 1
+        ]
         if not match:
             return None
         d = match[0]
@@ -118,15 +163,28 @@ def _decode(layout: _Region, region: _Region) -> _Box | None:
     return _Box(tuple(starts), tuple(lengths), tuple(order))
 
 
-def _read_box(content: Expr, layout_shape: tuple[int, ...], box: _Box, out_shape: tuple[int, ...], dtype: str,
-              site: SourceSite | None) -> Expr:
+def _read_box(
+    content: Expr,
+    layout_shape: tuple[int, ...],
+    box: _Box,
+    out_shape: tuple[int, ...],
+    dtype: str,
+    site: SourceSite | None,
+) -> Expr:
     expr = content
     nd = len(layout_shape)
     for d in range(nd):
         if box.lengths[d] != layout_shape[d]:
             sliced_shape = tuple(box.lengths[k] if k == d else expr.shape[k] for k in range(nd))
-            expr = SliceOf(source=expr, dim=d - nd, start=box.starts[d], end=box.starts[d] + box.lengths[d],
-                           shape=sliced_shape, dtype=dtype, site=site)
+            expr = SliceOf(
+                source=expr,
+                dim=d - nd,
+                start=box.starts[d],
+                end=box.starts[d] + box.lengths[d],
+                shape=sliced_shape,
+                dtype=dtype,
+                site=site,
+            )
     if list(box.order) != sorted(box.order):
         # Bring the mapped dims into the region's order; unit dims keep their places.
         perm = list(range(nd))
@@ -184,8 +242,13 @@ def _apply_writes(record: _StorageRecord) -> Expr:
     partial_dims = {d for w in writes for d in range(nd) if w.box.lengths[d] != shape[d]}
     if len(partial_dims) != 1:
         site = writes[-1].expr.site
-        return Opaque(op="writes into several dimensions", sources=(base, *[w.expr for w in writes]), shape=shape,
-                      dtype=record.dtype, site=site)
+        return Opaque(
+            op="writes into several dimensions",
+            sources=(base, *[w.expr for w in writes]),
+            shape=shape,
+            dtype=record.dtype,
+            site=site,
+        )
     (d,) = partial_dims
     # Segments along d: (start, end, expr, expr_start) where expr covers [expr_start, ...).
     segments: list[tuple[int, int, Expr, int]] = [(0, shape[d], base, 0)]
@@ -208,8 +271,17 @@ def _apply_writes(record: _StorageRecord) -> Expr:
             parts.append(ex)
         else:
             part_shape = tuple(e - s if k == d else shape[k] for k in range(nd))
-            parts.append(SliceOf(source=ex, dim=d - nd, start=s - ex_start, end=e - ex_start, shape=part_shape,
-                                 dtype=record.dtype, site=ex.site))
+            parts.append(
+                SliceOf(
+                    source=ex,
+                    dim=d - nd,
+                    start=s - ex_start,
+                    end=e - ex_start,
+                    shape=part_shape,
+                    dtype=record.dtype,
+                    site=ex.site,
+                )
+            )
     if len(parts) == 1:
         return parts[0]
     return CatOf(parts=tuple(parts), dim=d - nd, shape=shape, dtype=record.dtype, site=writes[-1].expr.site)
@@ -252,8 +324,13 @@ class ProvenanceTracker(TorchDispatchMode):
         site = self._view_sites.get((_storage_key(tensor), region.offset, region.shape, region.stride))
         box = _decode(record.layout, region)
         if box is None:
-            return Opaque(op="strided view", sources=(record.content(),), shape=tuple(tensor.shape),
-                          dtype=_dtype(tensor), site=site)
+            return Opaque(
+                op="strided view",
+                sources=(record.content(),),
+                shape=tuple(tensor.shape),
+                dtype=_dtype(tensor),
+                site=site,
+            )
         return _read_box(record.content(), record.layout.shape, box, tuple(tensor.shape), _dtype(tensor), site)
 
     # -- dispatch -------------------------------------------------------------------------------
@@ -265,8 +342,14 @@ class ProvenanceTracker(TorchDispatchMode):
         except Exception:
             for tensor in self._tensors(out):
                 with contextlib.suppress(Exception):
-                    self._new(tensor, Fresh(reason=f"unsupported by provenance tracking: {func}",
-                                            shape=tuple(tensor.shape), dtype=_dtype(tensor)))
+                    self._new(
+                        tensor,
+                        Fresh(
+                            reason=f"unsupported by provenance tracking: {func}",
+                            shape=tuple(tensor.shape),
+                            dtype=_dtype(tensor),
+                        ),
+                    )
         return out
 
     @staticmethod
@@ -317,8 +400,12 @@ class ProvenanceTracker(TorchDispatchMode):
         shape, dtype = tuple(target.shape), _dtype(target)
         site = self._site()
         if record is None:
-            record = _StorageRecord(target.untyped_storage(), _Region.of(target), dtype,
-                                    Fresh(reason="created outside the traced builder", shape=shape, dtype=dtype))
+            record = _StorageRecord(
+                target.untyped_storage(),
+                _Region.of(target),
+                dtype,
+                Fresh(reason="created outside the traced builder", shape=shape, dtype=dtype),
+            )
             self._records[key] = record
         if op == "copy_":
             source = args[1]
@@ -337,8 +424,13 @@ class ProvenanceTracker(TorchDispatchMode):
         elif op in ("mul_", "div_") and _scalar_factor(args[1]) is not None:
             factor = _scalar_factor(args[1])
             assert factor is not None
-            expr = ScaleOf(source=self.expr_of(target), factor=factor if op == "mul_" else 1 / factor, shape=shape,
-                           dtype=dtype, site=site)
+            expr = ScaleOf(
+                source=self.expr_of(target),
+                factor=factor if op == "mul_" else 1 / factor,
+                shape=shape,
+                dtype=dtype,
+                site=site,
+            )
         else:
             expr = Opaque(op=op, sources=(self.expr_of(target),), shape=shape, dtype=dtype, site=site)
         self._write_expr(target, expr, site)
@@ -351,9 +443,16 @@ class ProvenanceTracker(TorchDispatchMode):
         region = _Region.of(target)
         box = _decode(record.layout, region)
         if box is None or list(box.order) != sorted(box.order):
-            record.write(_Box((0,) * len(record.layout.shape), record.layout.shape, ()),
-                         Opaque(op="write through a strided view", sources=(record.content(), expr),
-                                shape=record.layout.shape, dtype=record.dtype, site=site))
+            record.write(
+                _Box((0,) * len(record.layout.shape), record.layout.shape, ()),
+                Opaque(
+                    op="write through a strided view",
+                    sources=(record.content(), expr),
+                    shape=record.layout.shape,
+                    dtype=record.dtype,
+                    site=site,
+                ),
+            )
             return
         box_shape = tuple(box.lengths)
         if tuple(expr.shape) != box_shape:
@@ -366,8 +465,16 @@ class ProvenanceTracker(TorchDispatchMode):
         digest = constant_digest("scalar", repr(value), (), (), "scalar")
         return Constant(digest=digest, description=repr(value), shape=(), dtype="scalar")
 
-    def _compute(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: torch.Tensor,
-                 index: int, n_outputs: int, site: SourceSite | None) -> Expr:
+    def _compute(
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: torch.Tensor,
+        index: int,
+        n_outputs: int,
+        site: SourceSite | None,
+    ) -> Expr:
         shape, dtype = tuple(out.shape), _dtype(out)
         tensor_args = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         sources = tuple(self.expr_of(t) for t in tensor_args)
@@ -384,8 +491,11 @@ class ProvenanceTracker(TorchDispatchMode):
         if name in _RANDOM:
             return Fresh(reason=f"random values ({name})", shape=shape, dtype=dtype, site=site)
         if name in _IDENTITY or (name == "_to_copy" and sources[0].dtype == dtype):
-            return sources[0] if sources[0].shape == shape else ViewOf(source=sources[0], shape=shape, dtype=dtype,
-                                                                       site=site)
+            return (
+                sources[0]
+                if sources[0].shape == shape
+                else ViewOf(source=sources[0], shape=shape, dtype=dtype, site=site)
+            )
         if name == "_to_copy":
             return CastOf(source=sources[0], shape=shape, dtype=dtype, site=site)
         if name == "cat" and n_outputs == 1:
@@ -403,19 +513,27 @@ class ProvenanceTracker(TorchDispatchMode):
                 unsqueezed.insert(len(shape) + dim, 1)
                 parts.append(ViewOf(source=s, shape=tuple(unsqueezed), dtype=dtype, site=site))
             return CatOf(parts=tuple(parts), dim=dim, shape=shape, dtype=dtype, site=site)
-        if name in ("mul", "div") and len(tensor_args) == 1 and len(args) >= 2 and not isinstance(args[1],
-                                                                                                  torch.Tensor):
+        if (
+            name in ("mul", "div")
+            and len(tensor_args) == 1
+            and len(args) >= 2
+            and not isinstance(args[1], torch.Tensor)
+        ):
             factor = _scalar_factor(args[1])
             if factor is not None and factor != 0:
-                return ScaleOf(source=sources[0], factor=factor if name == "mul" else 1 / factor, shape=shape,
-                               dtype=dtype, site=site)
+                return ScaleOf(
+                    source=sources[0],
+                    factor=factor if name == "mul" else 1 / factor,
+                    shape=shape,
+                    dtype=dtype,
+                    site=site,
+                )
         if name == "neg":
             return ScaleOf(source=sources[0], factor=Fraction(-1), shape=shape, dtype=dtype, site=site)
         if all(is_deterministic(s) for s in sources):
             attrs = _literal_attrs(args, kwargs)
             digest = constant_digest(f"{name}#{index}", attrs, sources, shape, dtype)
-            return Constant(digest=digest, description=f"{name}(...) of constants", shape=shape, dtype=dtype,
-                            site=site)
+            return Constant(digest=digest, description=f"{name}(...) of constants", shape=shape, dtype=dtype, site=site)
         return Opaque(op=name, sources=sources, shape=shape, dtype=dtype, site=site)
 
 

@@ -33,8 +33,13 @@ def _group(group: Any) -> Any:
     return group if group is not None else dist.group.WORLD
 
 
-def _broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False,
-               group_src: int | None = None) -> Any:
+def _broadcast(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Any:
     group = _group(group)
     if group_src is None:
         group_src = dist.get_group_rank(group, src)
@@ -42,8 +47,12 @@ def _broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, 
     return _CompletedWork() if async_op else None
 
 
-def _all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], group: Any = None,
-                async_op: bool = False) -> Any:
+def _all_to_all(
+    output_tensor_list: list[torch.Tensor],
+    input_tensor_list: list[torch.Tensor],
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
     group = _group(group)
     flat_in = torch.cat([t.reshape(-1) for t in input_tensor_list])
     out = funcol.all_to_all_single(
@@ -59,8 +68,13 @@ def _all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[
     return _CompletedWork() if async_op else None
 
 
-def _reduce_scatter_list(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = dist.ReduceOp.SUM,
-                         group: Any = None, async_op: bool = False) -> Any:
+def _reduce_scatter_list(
+    output: torch.Tensor,
+    input_list: list[torch.Tensor],
+    op: Any = dist.ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
     group = _group(group)
     reduce_op = funcol.REDUCE_OP_TO_STR[op] if not isinstance(op, str) else op
     stacked = torch.cat(input_list, dim=0) if output.dim() > 0 else torch.stack(input_list)

@@ -31,11 +31,44 @@ from ..verify.encode import CollectiveIssue
 from ..verify.relations_found import Relation, RelationIndex
 from .sites import Line, line_of, pick_frame, reference_lines, to_site
 
-_LINEAR_OPS = {("binary", "add"), ("binary", "sub"), ("scalar", "mul"), ("scalar", "div"), ("unary", "neg"),
-               ("view", None), ("permute", None), ("slice", None), ("cat", None), ("expand", None)}
-_SUPPORTED = {"slice", "cat", "view", "permute", "expand", "unary", "scalar", "binary", "where", "fill", "reduce",
-              "softmax", "log_softmax", "linear", "matmul", "embedding", "sdpa", "constant", "uninitialized",
-              "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
+_LINEAR_OPS = {
+    ("binary", "add"),
+    ("binary", "sub"),
+    ("scalar", "mul"),
+    ("scalar", "div"),
+    ("unary", "neg"),
+    ("view", None),
+    ("permute", None),
+    ("slice", None),
+    ("cat", None),
+    ("expand", None),
+}
+_SUPPORTED = {
+    "slice",
+    "cat",
+    "view",
+    "permute",
+    "expand",
+    "unary",
+    "scalar",
+    "binary",
+    "where",
+    "fill",
+    "reduce",
+    "softmax",
+    "log_softmax",
+    "linear",
+    "matmul",
+    "embedding",
+    "sdpa",
+    "constant",
+    "uninitialized",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+}
 
 
 @dataclass
@@ -100,7 +133,9 @@ class Localizer:
 
     def diagnose(self, node: Node, rank: int, ranks: list[int]) -> Discrepancy | Unsupported:
         detectors: list[Callable[[Node, int], Discrepancy | Unsupported | None]] = [
-            self.partial_misuse, self.embedding_mask, self.mismatch,
+            self.partial_misuse,
+            self.embedding_mask,
+            self.mismatch,
         ]
         for detector in detectors:
             found = detector(node, rank)
@@ -192,8 +227,10 @@ class Localizer:
                     consumer = self.rank_nodes[rank][consumer_id]
                     if consumer.op == "all_reduce":
                         return consumer
-                    if (consumer.op, _fn(consumer) if consumer.op in ("binary", "scalar", "unary") else None) in \
-                            _LINEAR_OPS:
+                    if (
+                        consumer.op,
+                        _fn(consumer) if consumer.op in ("binary", "scalar", "unary") else None,
+                    ) in _LINEAR_OPS:
                         next_frontier.append(consumer_id)
             frontier = next_frontier
         return None
@@ -266,7 +303,7 @@ class Localizer:
                 return Discrepancy(
                     kind="duplicate-reduction",
                     message=f"this all-reduce sums a value that every rank already holds in full "
-                            f"({self.ref_value_name(ref_value)}), so the result is {n}x too large",
+                    f"({self.ref_value_name(ref_value)}), so the result is {n}x too large",
                     primary=self.rank_site(node, innocent=correct_lines),
                     reference=self.ref_site(ref_node) if ref_node else None,
                     related=[s for s in related if s],
@@ -298,8 +335,9 @@ class Localizer:
             if not relations or any(rel.kind != "psum" for rel, _ in relations):
                 continue
             partials = [(rel, v) for rel, values in relations for v in values]
-            consumers = [(rel, v, self.rank_nodes[rank][c]) for rel, v in partials
-                         for c in self.rank_consumers[rank].get(v, [])]
+            consumers = [
+                (rel, v, self.rank_nodes[rank][c]) for rel, v in partials for c in self.rank_consumers[rank].get(v, [])
+            ]
             if not consumers:
                 continue
             reductions = [item for item in consumers if item[2].op == "all_reduce"]
@@ -307,12 +345,21 @@ class Localizer:
                 return self.reduction_coverage(ref_node, value, rank, reductions[0][2])
             aligned = self.aligned(ref_node, rank)
             rel, partial_value, consumer = next(
-                (item for item in consumers if aligned is not None and item[2].id == aligned.id), consumers[0])
+                (item for item in consumers if aligned is not None and item[2].id == aligned.id), consumers[0]
+            )
             return self._partial_consumed(ref_node, value, position, rank, rel, partial_value, consumer)
         return None
 
-    def _partial_consumed(self, ref_node: Node, ref_value: str, position: int, rank: int, rel: Relation,
-                          partial_value: str, consumer: Node) -> Discrepancy:
+    def _partial_consumed(
+        self,
+        ref_node: Node,
+        ref_value: str,
+        position: int,
+        rank: int,
+        rel: Relation,
+        partial_value: str,
+        consumer: Node,
+    ) -> Discrepancy:
         producer = self.rank_node(rank, partial_value)
         fraction = f"[{rel.start}:{rel.end}] of its {rel.total} reduced indices"
         holds = f"each rank holds a partial sum over {fraction}" if rel.total else "each rank holds a partial sum"
@@ -330,8 +377,8 @@ class Localizer:
                     return Discrepancy(
                         kind="wrong-scaling",
                         message=f"this rank adds {num}/{den} of {self.ref_value_name(share_node)} to a partial sum "
-                                f"over {width}/{rel.total} of the reduction; after the all-reduce it counts "
-                                f"{counted} times instead of once",
+                        f"over {width}/{rel.total} of the reduction; after the all-reduce it counts "
+                        f"{counted} times instead of once",
                         primary=self._share_site(rank, other),
                         reference=reference_site,
                         related=[s for s in [self.rank_site(consumer, "where the share joins the partial sum")] if s],
@@ -347,7 +394,7 @@ class Localizer:
                 return Discrepancy(
                     kind="bias-before-reduction",
                     message=f"{parameter} is added to a partial sum on every rank before the all-reduce, so it "
-                            f"is counted {len(self.ev.ranks)} times",
+                    f"is counted {len(self.ev.ranks)} times",
                     primary=self.rank_site(consumer),
                     reference=reference_site,
                     related=[s for s in [self.rank_site(reduction, "the all-reduce that sums the biases")] if s],
@@ -361,12 +408,21 @@ class Localizer:
         producer_site = self.rank_site(producer, "the partial sum is produced here") if producer else None
         what = self.ref_value_name(ref_value) if ref_input is not None else ref_value
         consumer_desc = _describe_op(consumer)
-        message = (f"the partial sum from {what} at {producer_site.short() if producer_site else '?'} reaches "
-                   f"{consumer_desc} at {self.rank_site(consumer).short() if consumer.site else '?'} without an "
-                   f"all-reduce")
-        related = [s for s in [self.rank_site(consumer, f"the partial sum is used by {consumer_desc} here"),
-                               self.ref_site(ref_input, "the reference produces the full value here")
-                               if ref_input is not None else None] if s]
+        message = (
+            f"the partial sum from {what} at {producer_site.short() if producer_site else '?'} reaches "
+            f"{consumer_desc} at {self.rank_site(consumer).short() if consumer.site else '?'} without an "
+            f"all-reduce"
+        )
+        related = [
+            s
+            for s in [
+                self.rank_site(consumer, f"the partial sum is used by {consumer_desc} here"),
+                self.ref_site(ref_input, "the reference produces the full value here")
+                if ref_input is not None
+                else None,
+            ]
+            if s
+        ]
         return Discrepancy(
             kind=kind,
             message=message,
@@ -417,7 +473,7 @@ class Localizer:
         return Discrepancy(
             kind="wrong-shard",
             message=f"the all-reduce at {self.rank_site(reduction).short() if reduction.site else '?'} sums partial "
-                    f"results that do not tile the reduction ({found})",
+            f"results that do not tile the reduction ({found})",
             primary=origin or self.rank_site(reduction),
             reference=self.ref_site(ref_node, "the reference computes the full value here"),
             related=[s for s in [self.rank_site(reduction, "the all-reduce")] if s],
@@ -445,8 +501,11 @@ class Localizer:
         for node in graph.nodes:
             if node.op != "embedding":
                 continue
-            shard = [rel for rel in self.relations_between(weight_ref, rank, node.inputs[0]) if rel.kind == "sel"
-                     and rel.dim == -2 and len(rel.ranges) == 1]
+            shard = [
+                rel
+                for rel in self.relations_between(weight_ref, rank, node.inputs[0])
+                if rel.kind == "sel" and rel.dim == -2 and len(rel.ranges) == 1
+            ]
             if not shard:
                 continue
             start, end = shard[0].ranges[0]
@@ -456,8 +515,9 @@ class Localizer:
                 continue
             problems = []
             if kept != (start, end):
-                problems.append(f"the mask keeps token ids [{kept[0]}:{kept[1]}] but this rank holds embedding "
-                                f"rows [{start}:{end}]")
+                problems.append(
+                    f"the mask keeps token ids [{kept[0]}:{kept[1]}] but this rank holds embedding rows [{start}:{end}]"
+                )
             if offset is not None and offset != start:
                 problems.append(f"local ids are shifted by {offset} instead of {start}")
             if not problems:
@@ -477,8 +537,9 @@ class Localizer:
             )
         return None
 
-    def _mask_interval(self, nodes: dict[str, Node], ids: Node | None
-                       ) -> tuple[tuple[int, int] | None, int | None, Node | None]:
+    def _mask_interval(
+        self, nodes: dict[str, Node], ids: Node | None
+    ) -> tuple[tuple[int, int] | None, int | None, Node | None]:
         """For fill(ids - c, (ids < a) | (ids >= b)) style masks: (kept interval, c, mask node)."""
         if ids is None or ids.op not in ("fill", "where"):
             return None, None, None
@@ -535,16 +596,20 @@ class Localizer:
         expected_rels = self.index.relations(ref_value, rank)
         found_rels = self.index.relations_of_rank_value(rank, value)
         expected = f"input {k} of {_describe_op(ref_node)} should relate to {self.ref_value_name(ref_value)}"
-        found = "; ".join(f"{rel.describe()} of {self.ref_value_name(refs[0])}" for rel, refs in found_rels[:3]) \
+        found = (
+            "; ".join(f"{rel.describe()} of {self.ref_value_name(refs[0])}" for rel, refs in found_rels[:3])
             or "a value unrelated to anything the reference computes"
+        )
         kind = "wrong-shard" if found_rels else "not-equivalent"
         if how == "provenance-cat":
             kind = "shard-order"
         if how == "unrelated-parameter":
             kind = "unrelated-parameter"
         where = self.rank_site(aligned).short() if aligned.site else "?"
-        message = (f"rank {rank} feeds {_describe_op(aligned)} at {where} with {found}, where the reference uses "
-                   f"{self.ref_value_name(ref_value)}")
+        message = (
+            f"rank {rank} feeds {_describe_op(aligned)} at {where} with {found}, where the reference uses "
+            f"{self.ref_value_name(ref_value)}"
+        )
         return Discrepancy(
             kind=kind,
             message=message,
@@ -562,14 +627,15 @@ class Localizer:
     def _unsupported(self, ref_node: Node, rank: int) -> Unsupported | None:
         if ref_node.op in _SUPPORTED:
             return None
-        nonlocal_inputs = [v for v in ref_node.inputs
-                           if any(rel.kind != "equal" for rel, _ in self.index.relations(v, rank))]
+        nonlocal_inputs = [
+            v for v in ref_node.inputs if any(rel.kind != "equal" for rel, _ in self.index.relations(v, rank))
+        ]
         if not nonlocal_inputs:
             return None
         return Unsupported(
             reason="unsupported-op",
             message=f"no rule relates {_describe_op(ref_node)} on sharded or partial inputs; the check cannot "
-                    f"follow the parallel computation past it",
+            f"follow the parallel computation past it",
             op=_describe_op(ref_node),
             site=self.ref_site(ref_node),
         )
@@ -595,8 +661,11 @@ class Localizer:
             counterpart = next((n for n in self.ev.ranks[r].nodes if n.id == aligned.id), None)
             if counterpart is None or position >= len(counterpart.inputs):
                 return False
-            rels = [rel for rel in self.relations_between(ref_value, r, counterpart.inputs[position])
-                    if rel.kind in ("sel", "psum")]
+            rels = [
+                rel
+                for rel in self.relations_between(ref_value, r, counterpart.inputs[position])
+                if rel.kind in ("sel", "psum")
+            ]
             if not rels:
                 return False
             rel = rels[0]
@@ -619,8 +688,9 @@ class Localizer:
             return None, "unknown"
         if node.op in ("slice", "cat", "view", "permute", "expand") and self._varies_across_ranks(rank, node):
             return self.rank_site(node, "this slice differs between ranks"), "rank-dependent-slice"
-        unrelated_inputs = [v for v in node.inputs if not self.is_related(rank, v)
-                            and not self._is_constant_like(rank, v)]
+        unrelated_inputs = [
+            v for v in node.inputs if not self.is_related(rank, v) and not self._is_constant_like(rank, v)
+        ]
         if unrelated_inputs:
             return self.blame(rank, unrelated_inputs[0], depth + 1)
         sharded = [v for v in node.inputs if not self._is_replicated(rank, v)]
@@ -645,8 +715,11 @@ class Localizer:
         for r, graph in enumerate(self.ev.ranks):
             if r == rank:
                 continue
-            others = [(n.op, tuple(sorted(n.attrs.items())) if n.op == "slice" else ()) for n in graph.nodes
-                      if n.site is not None and [line_of(f) for f in n.site.frames] == key]
+            others = [
+                (n.op, tuple(sorted(n.attrs.items())) if n.op == "slice" else ())
+                for n in graph.nodes
+                if n.site is not None and [line_of(f) for f in n.site.frames] == key
+            ]
             if mine not in others:
                 return True
         return False
@@ -730,7 +803,7 @@ class Localizer:
                 return Discrepancy(
                     kind="wrong-layout",
                     message=f"rank {rank} returns output {index} with shape {list(meta.shape)}; the reference "
-                            f"returns {list(ref_meta.shape)}",
+                    f"returns {list(ref_meta.shape)}",
                     primary=self.rank_site(node) if node else None,
                     reference=self.ref_site(ref_node) if ref_node else None,
                     ranks=[rank],
@@ -745,8 +818,14 @@ class Localizer:
             rels = self.relations_between(ref_value, rank, graph.outputs[index]) if index < len(graph.outputs) else []
             spans.append(rels)
         node = self.rank_node(0, self.ev.ranks[0].outputs[index]) if self.ev.ranks else None
-        found = "; ".join(f"rank {r}: {rels[0].describe(ref_meta.shape if ref_meta else None)}" for r, rels in
-                          enumerate(spans) if rels) or "values unrelated to the reference output"
+        found = (
+            "; ".join(
+                f"rank {r}: {rels[0].describe(ref_meta.shape if ref_meta else None)}"
+                for r, rels in enumerate(spans)
+                if rels
+            )
+            or "values unrelated to the reference output"
+        )
         sel = [rels[0] for rels in spans if rels and rels[0].kind == "sel"]
         kind = "not-equivalent"
         if sel and len(sel) == len(spans):

@@ -70,8 +70,9 @@ class EGraph:
     def function_rows(self) -> dict[str, FrozenRows]:
         frozen = self._egraph.freeze()
         return {
-            name: FrozenRows(list(function.input_sorts), [(tuple(r.inputs), r.output) for r in function.rows
-                                                          if not r.subsumed])
+            name: FrozenRows(
+                list(function.input_sorts), [(tuple(r.inputs), r.output) for r in function.rows if not r.subsumed]
+            )
             for name, function in frozen.functions.items()
         }
 

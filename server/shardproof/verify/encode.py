@@ -126,10 +126,10 @@ class Encoder:
         if factor == 1:
             return src
         if factor.numerator == 1 and factor.denominator > 1:
-            return self.let(self._fresh("share"), f"(ScI \"div\" {src} {factor.denominator})", meta)
+            return self.let(self._fresh("share"), f'(ScI "div" {src} {factor.denominator})', meta)
         if factor.denominator == 1:
-            return self.let(self._fresh("scale"), f"(ScI \"mul\" {src} {factor.numerator})", meta)
-        return self.let(self._fresh("scale"), f"(Sc \"mul\" {src} {_q(repr(float(factor)))})", meta)
+            return self.let(self._fresh("scale"), f'(ScI "mul" {src} {factor.numerator})', meta)
+        return self.let(self._fresh("scale"), f'(Sc "mul" {src} {_q(repr(float(factor)))})', meta)
 
     # -- structural helpers shared by graphs and provenance ------------------------------------------
     def _cat(self, parts: list[str], shapes: list[tuple[int, ...]], dim: int, dtype: str) -> str:
@@ -139,8 +139,7 @@ class Encoder:
         for part, shape in zip(reversed(parts[:-1]), reversed(shapes[:-1]), strict=True):
             new_shape = list(shape)
             new_shape[nd + dim] = shape[nd + dim] + current_shape[nd + dim]
-            current = self.let(self._fresh("cat"), f"(Cat {part} {current} {dim})",
-                               TensorMeta(tuple(new_shape), dtype))
+            current = self.let(self._fresh("cat"), f"(Cat {part} {current} {dim})", TensorMeta(tuple(new_shape), dtype))
             current_shape = new_shape
         return current
 
@@ -173,8 +172,9 @@ class Encoder:
                 continue
             expr = values.get(p.target)
             if expr is None:
-                expr = px.Fresh(reason=f"{p.kind} {p.target} has no known value", shape=p.meta.shape,
-                                dtype=p.meta.dtype)
+                expr = px.Fresh(
+                    reason=f"{p.kind} {p.target} has no known value", shape=p.meta.shape, dtype=p.meta.dtype
+                )
             self.bind(graph, p.id, self.expr_term(expr, f"{graph.name}/{p.target}"))
 
     def add_reference_nodes(self, graph: Graph) -> None:
@@ -301,8 +301,14 @@ class Encoder:
         return readings
 
     # -- collectives ----------------------------------------------------------------------------------
-    def _lower(self, coll: Collective | None, group: tuple[int, ...], rank: int, calls: dict[int, Node],
-               graphs: dict[int, Graph]) -> str:
+    def _lower(
+        self,
+        coll: Collective | None,
+        group: tuple[int, ...],
+        rank: int,
+        calls: dict[int, Node],
+        graphs: dict[int, Graph],
+    ) -> str:
         assert coll is not None
         inputs = [self.term(graphs[r], calls[r].inputs[0]) for r in group]
         metas = [graphs[r].meta_of(calls[r].inputs[0]) for r in group]
@@ -314,9 +320,12 @@ class Encoder:
                 for t in inputs:
                     self.commands.append(f"(arin {t})")
                 total = f"(SumN {collection})"
-                return total if op == "sum" else f"(ScI \"div\" {total} {len(group)})"
-            return f"({'MaxN' if op == 'max' else 'MinN'} {collection})" if op in ("max", "min") else \
-                f"(Leaf {_q('unsupported reduction ' + op)})"
+                return total if op == "sum" else f'(ScI "div" {total} {len(group)})'
+            return (
+                f"({'MaxN' if op == 'max' else 'MinN'} {collection})"
+                if op in ("max", "min")
+                else f"(Leaf {_q('unsupported reduction ' + op)})"
+            )
         if coll.kind == "all_gather":
             nd = len(metas[0].shape)
             return self._inline_cat(inputs, metas, -nd)
@@ -339,12 +348,18 @@ class Encoder:
     def _inline_cat(self, parts: list[str], metas: list[TensorMeta], dim: int) -> str:
         if len(parts) == 1:
             return parts[0]
-        inner = self._cat(parts[1:], [m.shape for m in metas[1:]], dim, metas[0].dtype) if len(parts) > 2 \
-            else parts[1]
+        inner = self._cat(parts[1:], [m.shape for m in metas[1:]], dim, metas[0].dtype) if len(parts) > 2 else parts[1]
         return f"(Cat {parts[0]} {inner} {dim})"
 
-    def _all_to_all(self, group: tuple[int, ...], rank: int, calls: dict[int, Node], graphs: dict[int, Graph],
-                    inputs: list[str], metas: list[TensorMeta]) -> str:
+    def _all_to_all(
+        self,
+        group: tuple[int, ...],
+        rank: int,
+        calls: dict[int, Node],
+        graphs: dict[int, Graph],
+        inputs: list[str],
+        metas: list[TensorMeta],
+    ) -> str:
         receiver = group.index(rank)
         n = len(group)
         pieces: list[str] = []
@@ -361,8 +376,13 @@ class Encoder:
             if start == 0 and end == meta.shape[0]:
                 pieces.append(inputs[sender_index])
             else:
-                pieces.append(self.let(self._fresh("a2a"), f"(Slice {inputs[sender_index]} {-nd} {start} {end})",
-                                       TensorMeta(shape, meta.dtype)))
+                pieces.append(
+                    self.let(
+                        self._fresh("a2a"),
+                        f"(Slice {inputs[sender_index]} {-nd} {start} {end})",
+                        TensorMeta(shape, meta.dtype),
+                    )
+                )
             piece_metas.append(TensorMeta(shape, meta.dtype))
         return self._inline_cat(pieces, piece_metas, -len(metas[0].shape))
 
@@ -373,24 +393,39 @@ class Encoder:
         return EncodedUnit(self.commands, self.term_of, self.issues, len(self.meta_of))
 
 
-def _mismatch(group: tuple[int, ...], index: int, calls: dict[int, Node],
-              graphs: dict[int, Graph]) -> CollectiveIssue | None:
+def _mismatch(
+    group: tuple[int, ...], index: int, calls: dict[int, Node], graphs: dict[int, Graph]
+) -> CollectiveIssue | None:
     members = [r for r in group if r in graphs]
     missing = [r for r in members if r not in calls]
     nodes = [(graphs[r].name, n.id) for r, n in calls.items()]
     if missing:
-        return CollectiveIssue(group, index, f"ranks {missing} of group {list(group)} make fewer collective calls "
-                                             f"than the others: call {index + 1} is missing on them (a hang)", nodes)
+        return CollectiveIssue(
+            group,
+            index,
+            f"ranks {missing} of group {list(group)} make fewer collective calls "
+            f"than the others: call {index + 1} is missing on them (a hang)",
+            nodes,
+        )
     kinds = {(n.collective.kind, n.collective.reduce_op) for n in calls.values() if n.collective}
     if len(kinds) > 1:
         described = ", ".join(f"rank {r}: {n.collective.kind}" for r, n in calls.items() if n.collective)
-        return CollectiveIssue(group, index, f"collective call {index + 1} of group {list(group)} differs between "
-                                             f"ranks ({described})", nodes)
+        return CollectiveIssue(
+            group,
+            index,
+            f"collective call {index + 1} of group {list(group)} differs between ranks ({described})",
+            nodes,
+        )
     shapes = {graphs[r].meta_of(n.inputs[0]).shape for r, n in calls.items()}
     kind = next(iter(kinds))[0]
     if len(shapes) > 1 and kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
-        return CollectiveIssue(group, index, f"collective call {index + 1} of group {list(group)} has different "
-                                             f"input shapes on different ranks: {sorted(shapes)}", nodes)
+        return CollectiveIssue(
+            group,
+            index,
+            f"collective call {index + 1} of group {list(group)} has different "
+            f"input shapes on different ranks: {sorted(shapes)}",
+            nodes,
+        )
     return None
 
 
@@ -462,10 +497,10 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
     in_edges = [-1] + [gi[-1] for gi, _ in groups] + [ni]
     out_edges = [-1] + [go[-1] for _, go in groups] + [no]
     for k in range(len(groups) + 1):
-        in_units = [d for d in range(in_edges[k] + 1, groups[k][0][0] if k < len(groups) else ni)
-                    if in_shape[d] == 1]
-        out_units = [d for d in range(out_edges[k] + 1, groups[k][1][0] if k < len(groups) else no)
-                     if out_shape[d] == 1]
+        in_units = [d for d in range(in_edges[k] + 1, groups[k][0][0] if k < len(groups) else ni) if in_shape[d] == 1]
+        out_units = [
+            d for d in range(out_edges[k] + 1, groups[k][1][0] if k < len(groups) else no) if out_shape[d] == 1
+        ]
         for iu in in_units:
             for ou in out_units:
                 fact("vkeep", iu - ni, ou - no)
@@ -486,8 +521,9 @@ def expand_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...
     return facts
 
 
-def encode_unit(reference: Graph, reference_values: dict[str, px.Expr], ranks: list[tuple[Graph, dict[str, px.Expr]]]
-                ) -> EncodedUnit:
+def encode_unit(
+    reference: Graph, reference_values: dict[str, px.Expr], ranks: list[tuple[Graph, dict[str, px.Expr]]]
+) -> EncodedUnit:
     """Encode the reference and all ranks of one world size into one program."""
     encoder = Encoder()
     encoder.add_placeholders(reference, reference_values)

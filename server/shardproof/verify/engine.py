@@ -65,9 +65,14 @@ class Saturation:
     def from_dict(data: dict[str, Any]) -> Saturation:
         facts = data.get("facts")
         return Saturation(
-            status=data["status"], iterations=data["iterations"], seconds=data["seconds"], rows=data["rows"],
-            message=data.get("message", ""), facts=None if facts is None else Facts.from_dict(facts),
-            rule_matches=data.get("rule_matches", {}), load_seconds=data.get("load_seconds", 0.0),
+            status=data["status"],
+            iterations=data["iterations"],
+            seconds=data["seconds"],
+            rows=data["rows"],
+            message=data.get("message", ""),
+            facts=None if facts is None else Facts.from_dict(facts),
+            rule_matches=data.get("rule_matches", {}),
+            load_seconds=data.get("load_seconds", 0.0),
         )
 
 
@@ -101,12 +106,20 @@ def saturate(commands: list[str], max_iterations: int, max_seconds: float, max_r
                 status = "size-limit"
                 break
     except EgglogError as exc:
-        return Saturation("egglog-error", iterations, time.perf_counter() - loaded, 0, str(exc),
-                          load_seconds=loaded - start)
+        return Saturation(
+            "egglog-error", iterations, time.perf_counter() - loaded, 0, str(exc), load_seconds=loaded - start
+        )
     facts = read_facts(egraph)
     rows = egraph.total_rows()
-    return Saturation(status, iterations, time.perf_counter() - loaded, rows, facts=facts, rule_matches=matches,
-                      load_seconds=loaded - start)
+    return Saturation(
+        status,
+        iterations,
+        time.perf_counter() - loaded,
+        rows,
+        facts=facts,
+        rule_matches=matches,
+        load_seconds=loaded - start,
+    )
 
 
 def read_facts(egraph: EGraph) -> Facts:

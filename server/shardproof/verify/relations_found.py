@@ -34,8 +34,10 @@ class Relation:
             spans = ", ".join(f"[{s}:{e}]" for s, e in self.ranges)
             return f"{spans} of {dim}"
         if self.kind == "selw":
-            return f"{self.length} consecutive entries of {_dim_name(self.dim, shape)} starting anywhere in " \
-                   f"[{self.lo}, {self.hi}] (a replicated slice)"
+            return (
+                f"{self.length} consecutive entries of {_dim_name(self.dim, shape)} starting anywhere in "
+                f"[{self.lo}, {self.hi}] (a replicated slice)"
+            )
         if self.kind == "psum":
             return f"a partial sum over [{self.start}:{self.end}] of the {self.total} reduced indices"
         if self.kind == "frac":

@@ -27,8 +27,17 @@ class Rule:
         return f'{body[:-1]} :ruleset {self.family} :name "{self.name}")'
 
 
-FAMILIES = ("ranges", "shapes", "normalize", "movement", "elementwise", "reduction", "contraction", "embedding",
-            "partial")
+FAMILIES = (
+    "ranges",
+    "shapes",
+    "normalize",
+    "movement",
+    "elementwise",
+    "reduction",
+    "contraction",
+    "embedding",
+    "partial",
+)
 SATURATED_FAMILIES = ("ranges", "shapes")
 
 _RULES: list[Rule] = []
@@ -42,278 +51,653 @@ def _rule(name: str, family: str, meaning: str, text: str) -> None:
 # ranges: list algebra over selections
 # ---------------------------------------------------------------------------------------------
 _rule("range-append-nil", "ranges", "[] ++ r = r", "(rewrite (RApp (RNil) r) r)")
-_rule("range-append-cons", "ranges", "(s,e):t ++ r = (s,e):(t ++ r)",
-      "(rewrite (RApp (RCons s e t) r) (RCons s e (RApp t r)))")
+_rule(
+    "range-append-cons",
+    "ranges",
+    "(s,e):t ++ r = (s,e):(t ++ r)",
+    "(rewrite (RApp (RCons s e t) r) (RCons s e (RApp t r)))",
+)
 _rule("range-shift-nil", "ranges", "shift [] = []", "(rewrite (RShift (RNil) k) (RNil))")
-_rule("range-shift-cons", "ranges", "shift every range by k",
-      "(rewrite (RShift (RCons s e t) k) (RCons (+ s k) (+ e k) (RShift t k)))")
+_rule(
+    "range-shift-cons",
+    "ranges",
+    "shift every range by k",
+    "(rewrite (RShift (RCons s e t) k) (RCons (+ s k) (+ e k) (RShift t k)))",
+)
 _rule("range-clip-nil", "ranges", "clip [] = []", "(rewrite (RClip (RNil) a b) (RNil))")
-_rule("range-clip-cons", "ranges", "ranges inside [a, b) re-based to a",
-      "(rewrite (RClip (RCons s e t) a b) (RCons (- s a) (- e a) (RClip t a b)) :when ((<= a s) (<= e b)))")
+_rule(
+    "range-clip-cons",
+    "ranges",
+    "ranges inside [a, b) re-based to a",
+    "(rewrite (RClip (RCons s e t) a b) (RCons (- s a) (- e a) (RClip t a b)) :when ((<= a s) (<= e b)))",
+)
 _rule("range-mul-nil", "ranges", "scale [] = []", "(rewrite (RMul (RNil) k) (RNil))")
-_rule("range-mul-cons", "ranges", "index ranges of an outer dim, seen in a merged dim",
-      "(rewrite (RMul (RCons s e t) k) (RCons (* s k) (* e k) (RMul t k)))")
+_rule(
+    "range-mul-cons",
+    "ranges",
+    "index ranges of an outer dim, seen in a merged dim",
+    "(rewrite (RMul (RCons s e t) k) (RCons (* s k) (* e k) (RMul t k)))",
+)
 _rule("range-div-nil", "ranges", "divide [] = []", "(rewrite (RDiv (RNil) k) (RNil))")
-_rule("range-div-cons", "ranges", "ranges aligned to k, seen in the outer dim of a split",
-      "(rewrite (RDiv (RCons s e t) k) (RCons (/ s k) (/ e k) (RDiv t k)) :when ((= 0 (% s k)) (= 0 (% e k))))")
+_rule(
+    "range-div-cons",
+    "ranges",
+    "ranges aligned to k, seen in the outer dim of a split",
+    "(rewrite (RDiv (RCons s e t) k) (RCons (/ s k) (/ e k) (RDiv t k)) :when ((= 0 (% s k)) (= 0 (% e k))))",
+)
 _rule("range-sub-empty", "ranges", "positions [a, a) select nothing", "(rewrite (RSub r a a) (RNil))")
-_rule("range-sub-inside", "ranges", "positions [a, b) inside the first range",
-      "(rewrite (RSub (RCons s e t) a b) (RCons (+ s a) (+ s b) (RNil)) :when ((< a b) (<= b (- e s))))")
-_rule("range-sub-skip", "ranges", "positions past the first range",
-      "(rewrite (RSub (RCons s e t) a b) (RSub t (- a (- e s)) (- b (- e s))) :when ((< a b) (>= a (- e s))))")
-_rule("range-sub-straddle", "ranges", "positions [a, b) straddling the end of the first range",
-      "(rewrite (RSub (RCons s e t) a b) (RCons (+ s a) e (RSub t 0 (- b (- e s)))) "
-      ":when ((< a (- e s)) (> b (- e s))))")
+_rule(
+    "range-sub-inside",
+    "ranges",
+    "positions [a, b) inside the first range",
+    "(rewrite (RSub (RCons s e t) a b) (RCons (+ s a) (+ s b) (RNil)) :when ((< a b) (<= b (- e s))))",
+)
+_rule(
+    "range-sub-skip",
+    "ranges",
+    "positions past the first range",
+    "(rewrite (RSub (RCons s e t) a b) (RSub t (- a (- e s)) (- b (- e s))) :when ((< a b) (>= a (- e s))))",
+)
+_rule(
+    "range-sub-straddle",
+    "ranges",
+    "positions [a, b) straddling the end of the first range",
+    "(rewrite (RSub (RCons s e t) a b) (RCons (+ s a) e (RSub t 0 (- b (- e s)))) :when ((< a (- e s)) (> b (- e s))))",
+)
 _rule("range-compose-nil", "ranges", "select nothing of a selection", "(rewrite (RCompose r (RNil)) (RNil))")
-_rule("range-compose-cons", "ranges", "positions of a selection, as ranges of the original",
-      "(rewrite (RCompose r (RCons a b t)) (RApp (RSub r a b) (RCompose r t)))")
-_rule("range-merge-adjacent", "ranges", "adjacent ranges select the same as their union",
-      "(rule ((= r (RCons s e (RCons e f t)))) ((union r (RCons s f t)) (subsume (RCons s e (RCons e f t)))))")
+_rule(
+    "range-compose-cons",
+    "ranges",
+    "positions of a selection, as ranges of the original",
+    "(rewrite (RCompose r (RCons a b t)) (RApp (RSub r a b) (RCompose r t)))",
+)
+_rule(
+    "range-merge-adjacent",
+    "ranges",
+    "adjacent ranges select the same as their union",
+    "(rule ((= r (RCons s e (RCons e f t)))) ((union r (RCons s f t)) (subsume (RCons s e (RCons e f t)))))",
+)
 _rule("range-evaluated-nil", "ranges", "the empty list is evaluated", "(rule ((= r (RNil))) ((evaluated r)))")
-_rule("range-evaluated-cons", "ranges", "a range followed by an evaluated list is evaluated",
-      "(rule ((= r (RCons s e t)) (evaluated t)) ((evaluated r)))")
-_rule("pending-selection-evaluated", "ranges",
-      "a selection whose range list evaluated is a fact; one whose list operation failed (unaligned, "
-      "out of bounds) never becomes one",
-      "(rule ((selp X x d R) (evaluated R)) ((sel X x d R)))")
+_rule(
+    "range-evaluated-cons",
+    "ranges",
+    "a range followed by an evaluated list is evaluated",
+    "(rule ((= r (RCons s e t)) (evaluated t)) ((evaluated r)))",
+)
+_rule(
+    "pending-selection-evaluated",
+    "ranges",
+    "a selection whose range list evaluated is a fact; one whose list operation failed (unaligned, "
+    "out of bounds) never becomes one",
+    "(rule ((selp X x d R) (evaluated R)) ((sel X x d R)))",
+)
 
 # ---------------------------------------------------------------------------------------------
 # shapes of terms created by rewrites (front-end terms carry their shapes already)
 # ---------------------------------------------------------------------------------------------
-_rule("shape-slice-dim", "shapes", "a slice has e - s elements along its dim",
-      "(rule ((= y (Slice x d s e)) (= n (nd x))) ((set (sz y d) (- e s)) (set (nd y) n)))")
-_rule("shape-slice-other", "shapes", "a slice keeps the other dims",
-      "(rule ((= y (Slice x d s e)) (= n (sz x d2)) (!= d d2)) ((set (sz y d2) n)))")
-_rule("shape-cat-dim", "shapes", "a concatenation adds up its dim",
-      "(rule ((= y (Cat a b d)) (= na (sz a d)) (= nb (sz b d)) (= n (nd a))) ((set (sz y d) (+ na nb)) "
-      "(set (nd y) n)))")
-_rule("shape-cat-other", "shapes", "a concatenation keeps the other dims",
-      "(rule ((= y (Cat a b d)) (= n (sz a d2)) (!= d d2)) ((set (sz y d2) n)))")
-_rule("shape-linear-out", "shapes", "linear: the last dim is the weight's row count",
-      "(rule ((= y (Linear x w)) (= n (sz w -2)) (= k (nd x))) ((set (sz y -1) n) (set (nd y) k)))")
-_rule("shape-linear-batch", "shapes", "linear keeps the input's leading dims",
-      "(rule ((= y (Linear x w)) (= n (sz x d)) (< d -1)) ((set (sz y d) n)))")
+_rule(
+    "shape-slice-dim",
+    "shapes",
+    "a slice has e - s elements along its dim",
+    "(rule ((= y (Slice x d s e)) (= n (nd x))) ((set (sz y d) (- e s)) (set (nd y) n)))",
+)
+_rule(
+    "shape-slice-other",
+    "shapes",
+    "a slice keeps the other dims",
+    "(rule ((= y (Slice x d s e)) (= n (sz x d2)) (!= d d2)) ((set (sz y d2) n)))",
+)
+_rule(
+    "shape-cat-dim",
+    "shapes",
+    "a concatenation adds up its dim",
+    "(rule ((= y (Cat a b d)) (= na (sz a d)) (= nb (sz b d)) (= n (nd a))) ((set (sz y d) (+ na nb)) (set (nd y) n)))",
+)
+_rule(
+    "shape-cat-other",
+    "shapes",
+    "a concatenation keeps the other dims",
+    "(rule ((= y (Cat a b d)) (= n (sz a d2)) (!= d d2)) ((set (sz y d2) n)))",
+)
+_rule(
+    "shape-linear-out",
+    "shapes",
+    "linear: the last dim is the weight's row count",
+    "(rule ((= y (Linear x w)) (= n (sz w -2)) (= k (nd x))) ((set (sz y -1) n) (set (nd y) k)))",
+)
+_rule(
+    "shape-linear-batch",
+    "shapes",
+    "linear keeps the input's leading dims",
+    "(rule ((= y (Linear x w)) (= n (sz x d)) (< d -1)) ((set (sz y d) n)))",
+)
 
 # ---------------------------------------------------------------------------------------------
 # normalize: identities that expose pieces of fused values (they create terms, boundedly)
 # ---------------------------------------------------------------------------------------------
-_rule("linear-of-row-concat", "normalize", "x @ cat(A, B)^T = cat(x @ A^T, x @ B^T) along the last dim",
-      "(rewrite (Linear x (Cat a b -2)) (Cat (Linear x a) (Linear x b) -1))")
-_rule("slice-of-concat-first", "normalize", "cat(a, b)[0:len(a)] = a",
-      "(rewrite (Slice (Cat a b d) d 0 n) a :when ((= n (sz a d))))")
-_rule("slice-of-concat-inside-first", "normalize", "a slice inside the first piece is a slice of it",
-      "(rewrite (Slice (Cat a b d) d s e) (Slice a d s e) :when ((= na (sz a d)) (<= e na) (< 0 s)))")
-_rule("slice-of-concat-inside-first-start", "normalize", "a slice at the start of the first piece",
-      "(rewrite (Slice (Cat a b d) d 0 e) (Slice a d 0 e) :when ((= na (sz a d)) (< e na)))")
-_rule("slice-of-concat-second", "normalize", "a slice inside the second piece is a slice of it",
-      "(rewrite (Slice (Cat a b d) d s e) (Slice b d (- s na) (- e na)) :when ((= na (sz a d)) (>= s na)))")
-_rule("slice-whole", "normalize", "the whole extent of a dim is the value itself",
-      "(rule ((= y (Slice x d 0 n)) (= n (sz x d))) ((union y x)))")
+_rule(
+    "linear-of-row-concat",
+    "normalize",
+    "x @ cat(A, B)^T = cat(x @ A^T, x @ B^T) along the last dim",
+    "(rewrite (Linear x (Cat a b -2)) (Cat (Linear x a) (Linear x b) -1))",
+)
+_rule(
+    "slice-of-concat-first",
+    "normalize",
+    "cat(a, b)[0:len(a)] = a",
+    "(rewrite (Slice (Cat a b d) d 0 n) a :when ((= n (sz a d))))",
+)
+_rule(
+    "slice-of-concat-inside-first",
+    "normalize",
+    "a slice inside the first piece is a slice of it",
+    "(rewrite (Slice (Cat a b d) d s e) (Slice a d s e) :when ((= na (sz a d)) (<= e na) (< 0 s)))",
+)
+_rule(
+    "slice-of-concat-inside-first-start",
+    "normalize",
+    "a slice at the start of the first piece",
+    "(rewrite (Slice (Cat a b d) d 0 e) (Slice a d 0 e) :when ((= na (sz a d)) (< e na)))",
+)
+_rule(
+    "slice-of-concat-second",
+    "normalize",
+    "a slice inside the second piece is a slice of it",
+    "(rewrite (Slice (Cat a b d) d s e) (Slice b d (- s na) (- e na)) :when ((= na (sz a d)) (>= s na)))",
+)
+_rule(
+    "slice-whole",
+    "normalize",
+    "the whole extent of a dim is the value itself",
+    "(rule ((= y (Slice x d 0 n)) (= n (sz x d))) ((union y x)))",
+)
 
 # ---------------------------------------------------------------------------------------------
 # movement: how selections pass through data-movement ops
 # ---------------------------------------------------------------------------------------------
-_rule("slice-is-selection", "movement", "x[d, s:e] selects range [s, e) of x",
-      "(rule ((= x (Slice X d s e))) ((sel X x d (RCons s e (RNil)))))")
-_rule("full-selection-is-equal", "movement", "selecting all of a dim in order is the value",
-      "(rule ((sel X x d (RCons 0 n (RNil))) (= n (sz X d))) ((union X x)))")
-_rule("slice-of-selection", "movement", "slicing a selection selects the corresponding original ranges",
-      "(rule ((sel X x d R) (= y (Slice x d a b))) ((selp X y d (RSub R a b))))")
-_rule("selection-within-slice", "movement", "a selection inside the reference's own slice is a selection of it",
-      "(rule ((sel X x d R) (= Y (Slice X d a b))) ((selp Y x d (RClip R a b))))")
-_rule("slice-other-dim", "movement", "slicing another dim the same way keeps the selection",
-      "(rule ((sel X x d R) (= Y (Slice X d2 a b)) (= y (Slice x d2 a b)) (!= d d2)) ((sel Y y d R)))")
-_rule("concat-of-selections", "movement", "concatenating selections of one value concatenates their ranges",
-      "(rule ((= c (Cat a b d)) (sel X a d Ra) (sel X b d Rb)) ((selp X c d (RApp Ra Rb))))")
-_rule("concat-piecewise", "movement", "concatenating selections of the reference's pieces along the same dim",
-      "(rule ((= C (Cat A B d)) (= c (Cat a b d)) (sel A a d Ra) (sel B b d Rb) (= na (sz A d))) "
-      "((selp C c d (RApp Ra (RShift Rb na)))))")
-_rule("concat-piecewise-left-equal", "movement", "as concat-piecewise, first piece replicated",
-      "(rule ((= C (Cat A B d)) (= c (Cat A b d)) (sel B b d Rb) (= na (sz A d))) "
-      "((selp C c d (RCons 0 na (RShift Rb na)))))")
-_rule("concat-piecewise-right-equal", "movement", "as concat-piecewise, second piece replicated",
-      "(rule ((= C (Cat A B d)) (= c (Cat a B d)) (sel A a d Ra) (= na (sz A d)) (= nb (sz B d))) "
-      "((selp C c d (RApp Ra (RCons na (+ na nb) (RNil))))))")
-_rule("concat-other-dim", "movement", "concatenating along another dim keeps a common selection",
-      "(rule ((= C (Cat A B d2)) (= c (Cat a b d2)) (sel A a d R) (sel B b d R) (!= d d2)) ((sel C c d R)))")
-_rule("concat-other-dim-left-broadcast", "movement", "concatenation along another dim, first piece replicated",
-      "(rule ((= C (Cat A B d2)) (= c (Cat A b d2)) (sel B b d R) (!= d d2) (= 1 (sz A d))) ((sel C c d R)))")
-_rule("view-keep", "movement", "a view that keeps a dim keeps its selection",
-      "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vkeep Y di do) (vkeep y di do)) "
-      "((sel Y y do R)))")
-_rule("view-split", "movement", "splitting a dim (heads x head_dim): selections aligned to the inner size",
-      "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vsplit Y di do h) (vsplit y di do h)) "
-      "((selp Y y do (RDiv R h))))")
-_rule("view-merge", "movement", "merging an outer dim into the next: selections scale by the inner size",
-      "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vmerge Y di do h) (vmerge y di do h)) "
-      "((selp Y y do (RMul R h))))")
-_rule("permute-moves-selection", "movement", "a permutation moves the selected dim",
-      "(rule ((= Y (Permute X p)) (= y (Permute x p)) (sel X x di R) (pmap Y di do)) ((sel Y y do R)))")
-_rule("expand-keeps-selection", "movement", "broadcasting other dims keeps a selection",
-      "(rule ((= Y (Expand X s1)) (= y (Expand x s2)) (sel X x d R) (emap Y d) (emap y d)) ((sel Y y d R)))")
-_rule("repeat-scales-selection", "movement", "repeating every slice m times scales the selected ranges",
-      "(rule ((= Y (Rep X d m)) (= y (Rep x d m)) (sel X x d R)) ((selp Y y d (RMul R m))))")
-_rule("repeat-other-dim", "movement", "repeating along another dim keeps a selection",
-      "(rule ((= Y (Rep X d m)) (= y (Rep x d m)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))")
-_rule("repeat-fewer-copies", "movement",
-      "m2 < m copies of one slice equal any m2 consecutive copies of it among the reference's m",
-      "(rule ((= Y (Rep X d m)) (= y (Rep x d m2)) (sel X x d (RCons s (+ s 1) (RNil))) (< m2 m)) "
-      "((selw Y y d (* s m) (- (+ (* s m) m) m2) m2)))")
-_rule("window-slice", "movement", "a window selection sliced along another dim",
-      "(rule ((selw X x d lo hi n) (= Y (Slice X d2 a b)) (= y (Slice x d2 a b)) (!= d d2)) "
-      "((selw Y y d lo hi n)))")
-_rule("window-permute", "movement", "a permutation moves a window selection",
-      "(rule ((= Y (Permute X p)) (= y (Permute x p)) (selw X x di lo hi n) (pmap Y di do)) "
-      "((selw Y y do lo hi n)))")
+_rule(
+    "slice-is-selection",
+    "movement",
+    "x[d, s:e] selects range [s, e) of x",
+    "(rule ((= x (Slice X d s e))) ((sel X x d (RCons s e (RNil)))))",
+)
+_rule(
+    "full-selection-is-equal",
+    "movement",
+    "selecting all of a dim in order is the value",
+    "(rule ((sel X x d (RCons 0 n (RNil))) (= n (sz X d))) ((union X x)))",
+)
+_rule(
+    "slice-of-selection",
+    "movement",
+    "slicing a selection selects the corresponding original ranges",
+    "(rule ((sel X x d R) (= y (Slice x d a b))) ((selp X y d (RSub R a b))))",
+)
+_rule(
+    "selection-within-slice",
+    "movement",
+    "a selection inside the reference's own slice is a selection of it",
+    "(rule ((sel X x d R) (= Y (Slice X d a b))) ((selp Y x d (RClip R a b))))",
+)
+_rule(
+    "slice-other-dim",
+    "movement",
+    "slicing another dim the same way keeps the selection",
+    "(rule ((sel X x d R) (= Y (Slice X d2 a b)) (= y (Slice x d2 a b)) (!= d d2)) ((sel Y y d R)))",
+)
+_rule(
+    "concat-of-selections",
+    "movement",
+    "concatenating selections of one value concatenates their ranges",
+    "(rule ((= c (Cat a b d)) (sel X a d Ra) (sel X b d Rb)) ((selp X c d (RApp Ra Rb))))",
+)
+_rule(
+    "concat-piecewise",
+    "movement",
+    "concatenating selections of the reference's pieces along the same dim",
+    "(rule ((= C (Cat A B d)) (= c (Cat a b d)) (sel A a d Ra) (sel B b d Rb) (= na (sz A d))) "
+    "((selp C c d (RApp Ra (RShift Rb na)))))",
+)
+_rule(
+    "concat-piecewise-left-equal",
+    "movement",
+    "as concat-piecewise, first piece replicated",
+    "(rule ((= C (Cat A B d)) (= c (Cat A b d)) (sel B b d Rb) (= na (sz A d))) "
+    "((selp C c d (RCons 0 na (RShift Rb na)))))",
+)
+_rule(
+    "concat-piecewise-right-equal",
+    "movement",
+    "as concat-piecewise, second piece replicated",
+    "(rule ((= C (Cat A B d)) (= c (Cat a B d)) (sel A a d Ra) (= na (sz A d)) (= nb (sz B d))) "
+    "((selp C c d (RApp Ra (RCons na (+ na nb) (RNil))))))",
+)
+_rule(
+    "concat-other-dim",
+    "movement",
+    "concatenating along another dim keeps a common selection",
+    "(rule ((= C (Cat A B d2)) (= c (Cat a b d2)) (sel A a d R) (sel B b d R) (!= d d2)) ((sel C c d R)))",
+)
+_rule(
+    "concat-other-dim-left-broadcast",
+    "movement",
+    "concatenation along another dim, first piece replicated",
+    "(rule ((= C (Cat A B d2)) (= c (Cat A b d2)) (sel B b d R) (!= d d2) (= 1 (sz A d))) ((sel C c d R)))",
+)
+_rule(
+    "view-keep",
+    "movement",
+    "a view that keeps a dim keeps its selection",
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vkeep Y di do) (vkeep y di do)) ((sel Y y do R)))",
+)
+_rule(
+    "view-split",
+    "movement",
+    "splitting a dim (heads x head_dim): selections aligned to the inner size",
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vsplit Y di do h) (vsplit y di do h)) "
+    "((selp Y y do (RDiv R h))))",
+)
+_rule(
+    "view-merge",
+    "movement",
+    "merging an outer dim into the next: selections scale by the inner size",
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vmerge Y di do h) (vmerge y di do h)) "
+    "((selp Y y do (RMul R h))))",
+)
+_rule(
+    "permute-moves-selection",
+    "movement",
+    "a permutation moves the selected dim",
+    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (sel X x di R) (pmap Y di do)) ((sel Y y do R)))",
+)
+_rule(
+    "expand-keeps-selection",
+    "movement",
+    "broadcasting other dims keeps a selection",
+    "(rule ((= Y (Expand X s1)) (= y (Expand x s2)) (sel X x d R) (emap Y d) (emap y d)) ((sel Y y d R)))",
+)
+_rule(
+    "repeat-scales-selection",
+    "movement",
+    "repeating every slice m times scales the selected ranges",
+    "(rule ((= Y (Rep X d m)) (= y (Rep x d m)) (sel X x d R)) ((selp Y y d (RMul R m))))",
+)
+_rule(
+    "repeat-other-dim",
+    "movement",
+    "repeating along another dim keeps a selection",
+    "(rule ((= Y (Rep X d m)) (= y (Rep x d m)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
+)
+_rule(
+    "repeat-fewer-copies",
+    "movement",
+    "m2 < m copies of one slice equal any m2 consecutive copies of it among the reference's m",
+    "(rule ((= Y (Rep X d m)) (= y (Rep x d m2)) (sel X x d (RCons s (+ s 1) (RNil))) (< m2 m)) "
+    "((selw Y y d (* s m) (- (+ (* s m) m) m2) m2)))",
+)
+_rule(
+    "window-slice",
+    "movement",
+    "a window selection sliced along another dim",
+    "(rule ((selw X x d lo hi n) (= Y (Slice X d2 a b)) (= y (Slice x d2 a b)) (!= d d2)) ((selw Y y d lo hi n)))",
+)
+_rule(
+    "window-permute",
+    "movement",
+    "a permutation moves a window selection",
+    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (selw X x di lo hi n) (pmap Y di do)) ((selw Y y do lo hi n)))",
+)
 
 # ---------------------------------------------------------------------------------------------
 # elementwise
 # ---------------------------------------------------------------------------------------------
-_rule("unary-keeps-selection", "elementwise", "f(X)[R] = f(X[R]) for elementwise f",
-      "(rule ((= Y (Un f X)) (= y (Un f x)) (sel X x d R)) ((sel Y y d R)))")
-_rule("scalar-keeps-selection", "elementwise", "f(X, c)[R] = f(X[R], c)",
-      "(rule ((= Y (Sc f X c)) (= y (Sc f x c)) (sel X x d R)) ((sel Y y d R)))")
-_rule("int-scalar-keeps-selection", "elementwise", "f(X, c)[R] = f(X[R], c)",
-      "(rule ((= Y (ScI f X c)) (= y (ScI f x c)) (sel X x d R)) ((sel Y y d R)))")
-_rule("unary-keeps-window", "elementwise", "elementwise ops keep window selections",
-      "(rule ((= Y (Un f X)) (= y (Un f x)) (selw X x d lo hi n)) ((selw Y y d lo hi n)))")
-_rule("binary-both-selected", "elementwise", "f(A, B)[R] = f(A[R], B[R])",
-      "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (sel A a d R) (sel B b d R)) ((sel Y y d R)))")
-_rule("binary-left-selected-right-broadcast", "elementwise",
-      "f(A, B)[R] = f(A[R], B) when B is broadcast along the dim",
-      "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (sel A a d R) (= 1 (sz B d))) ((sel Y y d R)))")
-_rule("binary-left-selected-right-lower-rank", "elementwise",
-      "f(A, B)[R] = f(A[R], B) when B has no such dim",
-      "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (sel A a d R) (= k (nd B)) (< k (- 0 d))) ((sel Y y d R)))")
-_rule("binary-right-selected-left-broadcast", "elementwise",
-      "f(A, B)[R] = f(A, B[R]) when A is broadcast along the dim",
-      "(rule ((= Y (Bin f A B)) (= y (Bin f A b)) (sel B b d R) (= 1 (sz A d))) ((sel Y y d R)))")
-_rule("binary-right-selected-left-lower-rank", "elementwise",
-      "f(A, B)[R] = f(A, B[R]) when A has no such dim",
-      "(rule ((= Y (Bin f A B)) (= y (Bin f A b)) (sel B b d R) (= k (nd A)) (< k (- 0 d))) ((sel Y y d R)))")
-_rule("fill-selected-mask-broadcast", "elementwise", "masked_fill(X, M, v)[R] = masked_fill(X[R], M, v)",
-      "(rule ((= Y (Fill X M v)) (= y (Fill x M v)) (sel X x d R) (= 1 (sz M d))) ((sel Y y d R)))")
-_rule("fill-both-selected", "elementwise", "masked_fill(X, M, v)[R] = masked_fill(X[R], M[R], v)",
-      "(rule ((= Y (Fill X M v)) (= y (Fill x m v)) (sel X x d R) (sel M m d R)) ((sel Y y d R)))")
-_rule("where-all-selected", "elementwise", "where(C, A, B)[R] = where(C[R], A[R], B[R])",
-      "(rule ((= Y (Where C A B)) (= y (Where c a b)) (sel C c d R) (sel A a d R) (sel B b d R)) ((sel Y y d R)))")
+_rule(
+    "unary-keeps-selection",
+    "elementwise",
+    "f(X)[R] = f(X[R]) for elementwise f",
+    "(rule ((= Y (Un f X)) (= y (Un f x)) (sel X x d R)) ((sel Y y d R)))",
+)
+_rule(
+    "scalar-keeps-selection",
+    "elementwise",
+    "f(X, c)[R] = f(X[R], c)",
+    "(rule ((= Y (Sc f X c)) (= y (Sc f x c)) (sel X x d R)) ((sel Y y d R)))",
+)
+_rule(
+    "int-scalar-keeps-selection",
+    "elementwise",
+    "f(X, c)[R] = f(X[R], c)",
+    "(rule ((= Y (ScI f X c)) (= y (ScI f x c)) (sel X x d R)) ((sel Y y d R)))",
+)
+_rule(
+    "unary-keeps-window",
+    "elementwise",
+    "elementwise ops keep window selections",
+    "(rule ((= Y (Un f X)) (= y (Un f x)) (selw X x d lo hi n)) ((selw Y y d lo hi n)))",
+)
+_rule(
+    "binary-both-selected",
+    "elementwise",
+    "f(A, B)[R] = f(A[R], B[R])",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (sel A a d R) (sel B b d R)) ((sel Y y d R)))",
+)
+_rule(
+    "binary-left-selected-right-broadcast",
+    "elementwise",
+    "f(A, B)[R] = f(A[R], B) when B is broadcast along the dim",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (sel A a d R) (= 1 (sz B d))) ((sel Y y d R)))",
+)
+_rule(
+    "binary-left-selected-right-lower-rank",
+    "elementwise",
+    "f(A, B)[R] = f(A[R], B) when B has no such dim",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (sel A a d R) (= k (nd B)) (< k (- 0 d))) ((sel Y y d R)))",
+)
+_rule(
+    "binary-right-selected-left-broadcast",
+    "elementwise",
+    "f(A, B)[R] = f(A, B[R]) when A is broadcast along the dim",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f A b)) (sel B b d R) (= 1 (sz A d))) ((sel Y y d R)))",
+)
+_rule(
+    "binary-right-selected-left-lower-rank",
+    "elementwise",
+    "f(A, B)[R] = f(A, B[R]) when A has no such dim",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f A b)) (sel B b d R) (= k (nd A)) (< k (- 0 d))) ((sel Y y d R)))",
+)
+_rule(
+    "fill-selected-mask-broadcast",
+    "elementwise",
+    "masked_fill(X, M, v)[R] = masked_fill(X[R], M, v)",
+    "(rule ((= Y (Fill X M v)) (= y (Fill x M v)) (sel X x d R) (= 1 (sz M d))) ((sel Y y d R)))",
+)
+_rule(
+    "fill-both-selected",
+    "elementwise",
+    "masked_fill(X, M, v)[R] = masked_fill(X[R], M[R], v)",
+    "(rule ((= Y (Fill X M v)) (= y (Fill x m v)) (sel X x d R) (sel M m d R)) ((sel Y y d R)))",
+)
+_rule(
+    "where-all-selected",
+    "elementwise",
+    "where(C, A, B)[R] = where(C[R], A[R], B[R])",
+    "(rule ((= Y (Where C A B)) (= y (Where c a b)) (sel C c d R) (sel A a d R) (sel B b d R)) ((sel Y y d R)))",
+)
 
 # ---------------------------------------------------------------------------------------------
 # reductions and normalisations
 # ---------------------------------------------------------------------------------------------
-_rule("reduce-other-dim-keepdim", "reduction", "reducing another dim (keepdim) keeps a selection",
-      "(rule ((= Y (Red f X d 1)) (= y (Red f x d 1)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))")
-_rule("reduce-inner-dim", "reduction", "reducing a dim to the right of the selection shifts it",
-      "(rule ((= Y (Red f X d 0)) (= y (Red f x d 0)) (sel X x d2 R) (< d2 d)) ((sel Y y (+ d2 1) R)))")
-_rule("reduce-outer-dim", "reduction", "reducing a dim to the left of the selection keeps it",
-      "(rule ((= Y (Red f X d 0)) (= y (Red f x d 0)) (sel X x d2 R) (> d2 d)) ((sel Y y d2 R)))")
-_rule("sum-of-selection-is-partial", "reduction", "summing one range of the reduced dim is a partial sum",
-      "(rule ((= Y (Red \"sum\" X d k)) (= y (Red \"sum\" x d k)) (sel X x d (RCons s e (RNil))) (= K (sz X d))) "
-      "((psum Y y s e K)))")
-_rule("softmax-other-dim", "reduction", "softmax over another dim keeps a selection",
-      "(rule ((= Y (Softmax X d)) (= y (Softmax x d)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))")
-_rule("log-softmax-other-dim", "reduction", "log_softmax over another dim keeps a selection",
-      "(rule ((= Y (LogSoftmax X d)) (= y (LogSoftmax x d)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))")
+_rule(
+    "reduce-other-dim-keepdim",
+    "reduction",
+    "reducing another dim (keepdim) keeps a selection",
+    "(rule ((= Y (Red f X d 1)) (= y (Red f x d 1)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
+)
+_rule(
+    "reduce-inner-dim",
+    "reduction",
+    "reducing a dim to the right of the selection shifts it",
+    "(rule ((= Y (Red f X d 0)) (= y (Red f x d 0)) (sel X x d2 R) (< d2 d)) ((sel Y y (+ d2 1) R)))",
+)
+_rule(
+    "reduce-outer-dim",
+    "reduction",
+    "reducing a dim to the left of the selection keeps it",
+    "(rule ((= Y (Red f X d 0)) (= y (Red f x d 0)) (sel X x d2 R) (> d2 d)) ((sel Y y d2 R)))",
+)
+_rule(
+    "sum-of-selection-is-partial",
+    "reduction",
+    "summing one range of the reduced dim is a partial sum",
+    '(rule ((= Y (Red "sum" X d k)) (= y (Red "sum" x d k)) (sel X x d (RCons s e (RNil))) (= K (sz X d))) '
+    "((psum Y y s e K)))",
+)
+_rule(
+    "softmax-other-dim",
+    "reduction",
+    "softmax over another dim keeps a selection",
+    "(rule ((= Y (Softmax X d)) (= y (Softmax x d)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
+)
+_rule(
+    "log-softmax-other-dim",
+    "reduction",
+    "log_softmax over another dim keeps a selection",
+    "(rule ((= Y (LogSoftmax X d)) (= y (LogSoftmax x d)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
+)
 
 # ---------------------------------------------------------------------------------------------
 # contractions: linear, matmul, attention
 # ---------------------------------------------------------------------------------------------
-_rule("column-parallel-linear", "contraction", "x @ W[R]^T = (x @ W^T)[..., R]",
-      "(rule ((= Y (Linear X W)) (= y (Linear X w)) (sel W w -2 R)) ((sel Y y -1 R)))")
-_rule("row-parallel-linear", "contraction",
-      "x[..., s:e] @ W[:, s:e]^T is the contribution of input features [s, e) to x @ W^T",
-      "(rule ((= Y (Linear X W)) (= y (Linear x w)) (sel X x -1 (RCons s e (RNil))) (sel W w -1 (RCons s e (RNil))) "
-      "(= K (sz X -1))) ((psum Y y s e K)))")
-_rule("linear-leading-dim", "contraction", "rows of x map to rows of x @ W^T",
-      "(rule ((= Y (Linear X W)) (= y (Linear x W)) (sel X x d R) (< d -1)) ((sel Y y d R)))")
-_rule("matmul-batch", "contraction", "batched matmul keeps a common batch selection",
-      "(rule ((= Y (Matmul A B)) (= y (Matmul a b)) (sel A a d R) (sel B b d R) (< d -2)) ((sel Y y d R)))")
-_rule("matmul-rows", "contraction", "rows of A map to rows of A @ B",
-      "(rule ((= Y (Matmul A B)) (= y (Matmul a B)) (sel A a -2 R)) ((sel Y y -2 R)))")
-_rule("matmul-columns", "contraction", "columns of B map to columns of A @ B",
-      "(rule ((= Y (Matmul A B)) (= y (Matmul A b)) (sel B b -1 R)) ((sel Y y -1 R)))")
-_rule("matmul-contraction", "contraction", "A[..., s:e] @ B[s:e, :] is a partial sum of A @ B",
-      "(rule ((= Y (Matmul A B)) (= y (Matmul a b)) (sel A a -1 (RCons s e (RNil))) (sel B b -2 (RCons s e (RNil))) "
-      "(= K (sz A -1))) ((psum Y y s e K)))")
-_rule("attention-heads", "contraction", "attention is independent per head and per batch row",
-      "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d R) (sel K k d R) (sel V v d R) (< d -2)) "
-      "((sel Z z d R)))")
-_rule("attention-key-window", "contraction",
-      "a replicated key head serving the query heads [s, e) is the selection [s, e) of the repeated keys",
-      "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d (RCons s e (RNil))) (selw K k d lo hi n) "
-      "(= n (- e s)) (<= lo s) (<= s hi)) ((sel K k d (RCons s e (RNil)))))")
-_rule("attention-value-window", "contraction",
-      "a replicated value head serving the query heads [s, e) is the selection [s, e) of the repeated values",
-      "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d (RCons s e (RNil))) (selw V v d lo hi n) "
-      "(= n (- e s)) (<= lo s) (<= s hi)) ((sel V v d (RCons s e (RNil)))))")
+_rule(
+    "column-parallel-linear",
+    "contraction",
+    "x @ W[R]^T = (x @ W^T)[..., R]",
+    "(rule ((= Y (Linear X W)) (= y (Linear X w)) (sel W w -2 R)) ((sel Y y -1 R)))",
+)
+_rule(
+    "row-parallel-linear",
+    "contraction",
+    "x[..., s:e] @ W[:, s:e]^T is the contribution of input features [s, e) to x @ W^T",
+    "(rule ((= Y (Linear X W)) (= y (Linear x w)) (sel X x -1 (RCons s e (RNil))) (sel W w -1 (RCons s e (RNil))) "
+    "(= K (sz X -1))) ((psum Y y s e K)))",
+)
+_rule(
+    "linear-leading-dim",
+    "contraction",
+    "rows of x map to rows of x @ W^T",
+    "(rule ((= Y (Linear X W)) (= y (Linear x W)) (sel X x d R) (< d -1)) ((sel Y y d R)))",
+)
+_rule(
+    "matmul-batch",
+    "contraction",
+    "batched matmul keeps a common batch selection",
+    "(rule ((= Y (Matmul A B)) (= y (Matmul a b)) (sel A a d R) (sel B b d R) (< d -2)) ((sel Y y d R)))",
+)
+_rule(
+    "matmul-rows",
+    "contraction",
+    "rows of A map to rows of A @ B",
+    "(rule ((= Y (Matmul A B)) (= y (Matmul a B)) (sel A a -2 R)) ((sel Y y -2 R)))",
+)
+_rule(
+    "matmul-columns",
+    "contraction",
+    "columns of B map to columns of A @ B",
+    "(rule ((= Y (Matmul A B)) (= y (Matmul A b)) (sel B b -1 R)) ((sel Y y -1 R)))",
+)
+_rule(
+    "matmul-contraction",
+    "contraction",
+    "A[..., s:e] @ B[s:e, :] is a partial sum of A @ B",
+    "(rule ((= Y (Matmul A B)) (= y (Matmul a b)) (sel A a -1 (RCons s e (RNil))) (sel B b -2 (RCons s e (RNil))) "
+    "(= K (sz A -1))) ((psum Y y s e K)))",
+)
+_rule(
+    "attention-heads",
+    "contraction",
+    "attention is independent per head and per batch row",
+    "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d R) (sel K k d R) (sel V v d R) (< d -2)) "
+    "((sel Z z d R)))",
+)
+_rule(
+    "attention-key-window",
+    "contraction",
+    "a replicated key head serving the query heads [s, e) is the selection [s, e) of the repeated keys",
+    "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d (RCons s e (RNil))) (selw K k d lo hi n) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel K k d (RCons s e (RNil)))))",
+)
+_rule(
+    "attention-value-window",
+    "contraction",
+    "a replicated value head serving the query heads [s, e) is the selection [s, e) of the repeated values",
+    "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d (RCons s e (RNil))) (selw V v d lo hi n) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel V v d (RCons s e (RNil)))))",
+)
 
 # ---------------------------------------------------------------------------------------------
 # embedding: vocab-parallel lookups
 # ---------------------------------------------------------------------------------------------
-_rule("embedding-columns", "embedding", "embedding(ids, W[:, R]) = embedding(ids, W)[..., R]",
-      "(rule ((= Y (Emb W I)) (= y (Emb w I)) (sel W w -1 R)) ((sel Y y -1 R)))")
-_rule("embedding-rows-of-ids", "embedding", "rows of the ids map to rows of the lookup",
-      "(rule ((= Y (Emb W I)) (= y (Emb W i)) (sel I i d R)) ((sel Y y (- d 1) R)))")
-_rule("vocab-mask", "embedding", "(ids < s) | (ids >= e) marks ids outside [s, e)",
-      "(rule ((= m (Bin \"or\" (ScI \"lt\" I s) (ScI \"ge\" I e)))) ((outside m I s e)))")
-_rule("vocab-mask-swapped", "embedding", "(ids >= e) | (ids < s) marks ids outside [s, e)",
-      "(rule ((= m (Bin \"or\" (ScI \"ge\" I e) (ScI \"lt\" I s)))) ((outside m I s e)))")
-_rule("vocab-local-ids", "embedding", "ids - s with the outside ids zeroed index the local shard",
-      "(rule ((= l (Fill (ScI \"sub\" I s) m \"0.0\")) (outside m I s e)) ((localids l I s e)))")
-_rule("vocab-local-lookup", "embedding", "looking the local ids up in rows [s, e) of W",
-      "(rule ((= y0 (Emb w l)) (localids l I s e) (sel W w -2 (RCons s e (RNil))) (= Y (Emb W I)) (outside m I s e)) "
-      "((embpart y0 Y m s e)))")
-_rule("vocab-masked-lookup-is-partial", "embedding",
-      "zeroing the outside rows leaves the contribution of vocabulary [s, e) to the lookup",
-      "(rule ((embpart y0 Y m s e) (= y (Fill y0 u \"0.0\")) (= u (View m sh)) (= k (nd m)) (= (+ k 1) (nd u)) "
-      "(= 1 (sz u -1)) (= Y (Emb W I)) (= V (sz W -2))) ((psum Y y s e V)))")
+_rule(
+    "embedding-columns",
+    "embedding",
+    "embedding(ids, W[:, R]) = embedding(ids, W)[..., R]",
+    "(rule ((= Y (Emb W I)) (= y (Emb w I)) (sel W w -1 R)) ((sel Y y -1 R)))",
+)
+_rule(
+    "embedding-rows-of-ids",
+    "embedding",
+    "rows of the ids map to rows of the lookup",
+    "(rule ((= Y (Emb W I)) (= y (Emb W i)) (sel I i d R)) ((sel Y y (- d 1) R)))",
+)
+_rule(
+    "vocab-mask",
+    "embedding",
+    "(ids < s) | (ids >= e) marks ids outside [s, e)",
+    '(rule ((= m (Bin "or" (ScI "lt" I s) (ScI "ge" I e)))) ((outside m I s e)))',
+)
+_rule(
+    "vocab-mask-swapped",
+    "embedding",
+    "(ids >= e) | (ids < s) marks ids outside [s, e)",
+    '(rule ((= m (Bin "or" (ScI "ge" I e) (ScI "lt" I s)))) ((outside m I s e)))',
+)
+_rule(
+    "vocab-local-ids",
+    "embedding",
+    "ids - s with the outside ids zeroed index the local shard",
+    '(rule ((= l (Fill (ScI "sub" I s) m "0.0")) (outside m I s e)) ((localids l I s e)))',
+)
+_rule(
+    "vocab-local-lookup",
+    "embedding",
+    "looking the local ids up in rows [s, e) of W",
+    "(rule ((= y0 (Emb w l)) (localids l I s e) (sel W w -2 (RCons s e (RNil))) (= Y (Emb W I)) (outside m I s e)) "
+    "((embpart y0 Y m s e)))",
+)
+_rule(
+    "vocab-masked-lookup-is-partial",
+    "embedding",
+    "zeroing the outside rows leaves the contribution of vocabulary [s, e) to the lookup",
+    '(rule ((embpart y0 Y m s e) (= y (Fill y0 u "0.0")) (= u (View m sh)) (= k (nd m)) (= (+ k 1) (nd u)) '
+    "(= 1 (sz u -1)) (= Y (Emb W I)) (= V (sz W -2))) ((psum Y y s e V)))",
+)
 
 # ---------------------------------------------------------------------------------------------
 # partial sums, shares and reductions over ranks
 # ---------------------------------------------------------------------------------------------
-_rule("partial-whole-range", "partial", "the contribution of all reduced indices is the value",
-      "(rule ((psum X x 0 K K)) ((union X x)))")
+_rule(
+    "partial-whole-range",
+    "partial",
+    "the contribution of all reduced indices is the value",
+    "(rule ((psum X x 0 K K)) ((union X x)))",
+)
 _rule("share-whole", "partial", "X * p / p is X", "(rule ((frac X x p p)) ((union X x)))")
-_rule("division-is-share", "partial", "X / n is a 1/n share of X", "(rule ((= x (ScI \"div\" X n))) ((frac X x 1 n)))")
-_rule("share-of-share", "partial", "(X * p / q) / n is a p / (q n) share",
-      "(rule ((frac X x p q) (= y (ScI \"div\" x n))) ((frac X y p (* q n))))")
-_rule("partial-unary-linear", "partial", "negation and casts are linear",
-      "(rule ((= Y (Un f X)) (= y (Un f x)) (psum X x s e K) (linear-unary f)) ((psum Y y s e K)))")
-_rule("partial-scaled", "partial", "scaling by a constant is linear",
-      "(rule ((= Y (Sc f X c)) (= y (Sc f x c)) (psum X x s e K) (scaling f)) ((psum Y y s e K)))")
-_rule("partial-int-scaled", "partial", "scaling by a constant is linear",
-      "(rule ((= Y (ScI f X c)) (= y (ScI f x c)) (psum X x s e K) (scaling f)) ((psum Y y s e K)))")
-_rule("partial-sum-of-partials", "partial",
-      "adding contributions of the same fraction of two reductions gives that fraction of the sum",
-      "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (additive f) (psum A a s e K) (psum B b s2 e2 K2) "
-      "(= (* s K2) (* s2 K)) (= (* e K2) (* e2 K))) ((psum Y y s e K)))")
-_rule("partial-plus-share", "partial",
-      "adding a 1/n share of B to a 1/n fraction of A's contributions is that fraction of A + B",
-      "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (additive f) (psum A a s e K) (frac B b p q) "
-      "(= (* (- e s) q) (* K p))) ((psum Y y s e K)))")
-_rule("share-plus-partial", "partial", "as partial-plus-share, operands swapped",
-      "(rule ((= Y (Bin f B A)) (= y (Bin f b a)) (additive f) (psum A a s e K) (frac B b p q) "
-      "(= (* (- e s) q) (* K p))) ((psum Y y s e K)))")
-_rule("partial-times-replicated", "partial", "multiplying contributions by a common value is linear",
-      "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (psum A a s e K) (multiplicative f)) ((psum Y y s e K)))")
-_rule("replicated-times-partial", "partial", "multiplying contributions by a common value is linear",
-      "(rule ((= Y (Bin \"mul\" B A)) (= y (Bin \"mul\" B a)) (psum A a s e K)) ((psum Y y s e K)))")
-_rule("partial-reduced-again", "partial", "summing or averaging contributions over another dim is linear",
-      "(rule ((= Y (Red f X d k)) (= y (Red f x d k)) (psum X x s e K) (additive-reduction f)) ((psum Y y s e K)))")
-_rule("partial-sliced", "partial", "slicing contributions is linear",
-      "(rule ((= Y (Slice X d a b)) (= y (Slice x d a b)) (psum X x s e K)) ((psum Y y s e K)))")
-_rule("partial-viewed", "partial", "reshaping contributions is linear",
-      "(rule ((= Y (View X s1)) (= y (View x s1)) (psum X x s e K)) ((psum Y y s e K)))")
-_rule("partial-permuted", "partial", "permuting contributions is linear",
-      "(rule ((= Y (Permute X p)) (= y (Permute x p)) (psum X x s e K)) ((psum Y y s e K)))")
-_rule("share-scaled", "partial", "a share of X times a common value is that share of the product",
-      "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (frac A a p q) (multiplicative f)) ((frac Y y p q)))")
-_rule("reduction-cover-start", "partial", "collect contributions tiling [0, e) that feed an all-reduce",
-      "(rule ((psum Z p 0 e K) (arin p)) ((cover Z (multiset-of p) e K)))")
-_rule("reduction-cover-extend", "partial", "extend a tiling by the next contiguous contribution",
-      "(rule ((cover Z ms e K) (psum Z p e f K) (arin p)) ((cover Z (multiset-insert ms p) f K)))")
-_rule("all-reduce-of-tiling", "partial", "summing contributions that tile [0, K) gives the value",
-      "(rule ((cover Z ms K K) (= S (SumN ms))) ((union Z S)))")
+_rule("division-is-share", "partial", "X / n is a 1/n share of X", '(rule ((= x (ScI "div" X n))) ((frac X x 1 n)))')
+_rule(
+    "share-of-share",
+    "partial",
+    "(X * p / q) / n is a p / (q n) share",
+    '(rule ((frac X x p q) (= y (ScI "div" x n))) ((frac X y p (* q n))))',
+)
+_rule(
+    "partial-unary-linear",
+    "partial",
+    "negation and casts are linear",
+    "(rule ((= Y (Un f X)) (= y (Un f x)) (psum X x s e K) (linear-unary f)) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-scaled",
+    "partial",
+    "scaling by a constant is linear",
+    "(rule ((= Y (Sc f X c)) (= y (Sc f x c)) (psum X x s e K) (scaling f)) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-int-scaled",
+    "partial",
+    "scaling by a constant is linear",
+    "(rule ((= Y (ScI f X c)) (= y (ScI f x c)) (psum X x s e K) (scaling f)) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-sum-of-partials",
+    "partial",
+    "adding contributions of the same fraction of two reductions gives that fraction of the sum",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (additive f) (psum A a s e K) (psum B b s2 e2 K2) "
+    "(= (* s K2) (* s2 K)) (= (* e K2) (* e2 K))) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-plus-share",
+    "partial",
+    "adding a 1/n share of B to a 1/n fraction of A's contributions is that fraction of A + B",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (additive f) (psum A a s e K) (frac B b p q) "
+    "(= (* (- e s) q) (* K p))) ((psum Y y s e K)))",
+)
+_rule(
+    "share-plus-partial",
+    "partial",
+    "as partial-plus-share, operands swapped",
+    "(rule ((= Y (Bin f B A)) (= y (Bin f b a)) (additive f) (psum A a s e K) (frac B b p q) "
+    "(= (* (- e s) q) (* K p))) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-times-replicated",
+    "partial",
+    "multiplying contributions by a common value is linear",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (psum A a s e K) (multiplicative f)) ((psum Y y s e K)))",
+)
+_rule(
+    "replicated-times-partial",
+    "partial",
+    "multiplying contributions by a common value is linear",
+    '(rule ((= Y (Bin "mul" B A)) (= y (Bin "mul" B a)) (psum A a s e K)) ((psum Y y s e K)))',
+)
+_rule(
+    "partial-reduced-again",
+    "partial",
+    "summing or averaging contributions over another dim is linear",
+    "(rule ((= Y (Red f X d k)) (= y (Red f x d k)) (psum X x s e K) (additive-reduction f)) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-sliced",
+    "partial",
+    "slicing contributions is linear",
+    "(rule ((= Y (Slice X d a b)) (= y (Slice x d a b)) (psum X x s e K)) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-viewed",
+    "partial",
+    "reshaping contributions is linear",
+    "(rule ((= Y (View X s1)) (= y (View x s1)) (psum X x s e K)) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-permuted",
+    "partial",
+    "permuting contributions is linear",
+    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (psum X x s e K)) ((psum Y y s e K)))",
+)
+_rule(
+    "share-scaled",
+    "partial",
+    "a share of X times a common value is that share of the product",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (frac A a p q) (multiplicative f)) ((frac Y y p q)))",
+)
+_rule(
+    "reduction-cover-start",
+    "partial",
+    "collect contributions tiling [0, e) that feed an all-reduce",
+    "(rule ((psum Z p 0 e K) (arin p)) ((cover Z (multiset-of p) e K)))",
+)
+_rule(
+    "reduction-cover-extend",
+    "partial",
+    "extend a tiling by the next contiguous contribution",
+    "(rule ((cover Z ms e K) (psum Z p e f K) (arin p)) ((cover Z (multiset-insert ms p) f K)))",
+)
+_rule(
+    "all-reduce-of-tiling",
+    "partial",
+    "summing contributions that tile [0, K) gives the value",
+    "(rule ((cover Z ms K K) (= S (SumN ms))) ((union Z S)))",
+)
 
 _FACTS = r"""
 (relation linear-unary (String))

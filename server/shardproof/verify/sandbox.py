@@ -42,8 +42,12 @@ class _Child:
         self.memory_mb = memory_mb
         self.process = subprocess.Popen(
             [sys.executable, "-m", "shardproof.verify.sandbox"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_limit_memory(memory_mb), text=True, bufsize=1,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_limit_memory(memory_mb),
+            text=True,
+            bufsize=1,
         )
 
     def alive(self) -> bool:
@@ -111,12 +115,18 @@ class Sandbox:
             return Saturation.from_dict(self._child.request(job, timeout=seconds * 1.5 + 60))
         except TimeoutError:
             self._child = None
-            return Saturation("time-limit", 0, time.perf_counter() - start, 0,
-                              f"the saturation did not finish within {seconds * 1.5 + 60:.0f} s and was stopped")
+            return Saturation(
+                "time-limit",
+                0,
+                time.perf_counter() - start,
+                0,
+                f"the saturation did not finish within {seconds * 1.5 + 60:.0f} s and was stopped",
+            )
         except SandboxCrash as exc:
             self._child = None
-            return Saturation("memory-limit" if "memory" in str(exc) else "crashed", 0,
-                              time.perf_counter() - start, 0, str(exc))
+            return Saturation(
+                "memory-limit" if "memory" in str(exc) else "crashed", 0, time.perf_counter() - start, 0, str(exc)
+            )
 
     def close(self) -> None:
         if self._child is not None:

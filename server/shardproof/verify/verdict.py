@@ -13,8 +13,9 @@ ACCEPTED = {
 }
 
 
-def output_relations(index: RelationIndex, reference: Graph, ranks: list[Graph],
-                     expectation: str) -> tuple[list[OutputRelation], list[int]]:
+def output_relations(
+    index: RelationIndex, reference: Graph, ranks: list[Graph], expectation: str
+) -> tuple[list[OutputRelation], list[int]]:
     """Relations found for every output, and the indices of outputs that fail the expectation."""
     found: list[OutputRelation] = []
     failing: list[int] = []
@@ -53,8 +54,9 @@ def _relation(index: RelationIndex, ref_value: str, ranks: list[Graph], i: int) 
             if position == size:
                 dim = sels[0].dim  # type: ignore[union-attr]
                 dim_text = f"dim {len(shape) + dim}" if shape else f"dim {dim}"
-                return OutputRelation(i, "sharded", f"rank r returns block r of {dim_text}: "
-                                      + ", ".join(f"[{s}:{e}]" for s, e in spans))
+                return OutputRelation(
+                    i, "sharded", f"rank r returns block r of {dim_text}: " + ", ".join(f"[{s}:{e}]" for s, e in spans)
+                )
     psums = [next((r for r in rels if r.kind == "psum"), None) for rels in per_rank]
     if all(p is not None for p in psums):
         spans = sorted((p.start, p.end) for p in psums)  # type: ignore[union-attr]
