@@ -14,6 +14,7 @@ outputs = "replicated"                         # optional: replicated | sharded 
 
 [tool.shardproof.check.parameters]            # optional overrides, by rank parameter name pattern
 "layers.*.rotary.inv_freq" = "replicated"      # replicated | shard:<dim> | share (1/world_size of it)
+"layers.*.wq_local" = "shard:0 of layers.*.attention.wq.weight"   # when the names differ
 
 [tool.shardproof.check.bounds]                # optional saturation bounds
 iterations = 200
@@ -27,7 +28,6 @@ through `load_project`.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -39,7 +39,7 @@ from .graph.model import Frame
 
 OUTPUT_EXPECTATIONS = ("replicated", "sharded", "partial")
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-_RELATION = re.compile(r"^(replicated|share|shard:-?\d+)$")
+_RELATION = re.compile(r"^(?P<relation>replicated|share|shard:-?\d+)(?:\s+of\s+(?P<reference>\S+))?$")
 
 
 @dataclass(frozen=True)
@@ -58,15 +58,38 @@ class Check:
     inputs: str
     world_sizes: tuple[int, ...]
     outputs: str = "sharded"
-    parameters: tuple[tuple[str, str], ...] = ()
+    parameters: tuple[ParameterOverride, ...] = ()
     bounds: Bounds = field(default_factory=Bounds)
     line: int = 0  # line of the check's table in pyproject.toml
+    key_lines: tuple[tuple[str, int], ...] = ()  # key -> line, for errors about one key
 
-    def relation_override(self, parameter: str) -> str | None:
-        for pattern, relation in self.parameters:
-            if fnmatch.fnmatchcase(parameter, pattern):
-                return relation
+    def relation_override(self, parameter: str) -> tuple[str, str, int] | None:
+        """(relation, reference parameter name, declaration line) for a rank parameter, if declared."""
+        for override in self.parameters:
+            match = re.fullmatch(_glob_regex(override.pattern), parameter)
+            if match is None:
+                continue
+            reference = override.reference or parameter
+            for group in match.groups():
+                reference = reference.replace("*", group, 1)
+            return override.relation, reference, override.line
         return None
+
+    def line_of(self, key: str) -> int:
+        return dict(self.key_lines).get(key, self.line)
+
+
+def _glob_regex(pattern: str) -> str:
+    """A glob as a regex whose groups capture what each `*` matched."""
+    return "".join("(.*)" if ch == "*" else "(.)" if ch == "?" else re.escape(ch) for ch in pattern)
+
+
+@dataclass(frozen=True)
+class ParameterOverride:
+    pattern: str
+    relation: str  # replicated | share | shard:<dim>
+    reference: str | None  # reference parameter name (may use the pattern's *), default: the same name
+    line: int
 
 
 @dataclass(frozen=True)
@@ -174,6 +197,8 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
     specs: dict[str, str] = {}
     for key in ("reference", "parallel", "inputs"):
         value = _key(raw, key)
+        if value is None:
+            raise ConfigError(f'check {name!r} has no `{key}` ("package.module:function")', site(line))
         if not isinstance(value, str) or not _SPEC.match(value):
             raise ConfigError(
                 f'check {name!r}: `{key}` must be "package.module:function", got {value!r}', site(key_line(key))
@@ -198,14 +223,22 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         raise ConfigError(
             f"check {name!r}: `parameters` must be a table of pattern = relation", site(key_line("parameters"))
         )
-    parameters: list[tuple[str, str]] = []
-    for pattern, relation in parameters_raw.items():
-        if not isinstance(relation, str) or not _RELATION.match(relation):
+    parameters: list[ParameterOverride] = []
+    for pattern, value in parameters_raw.items():
+        reference = None
+        if isinstance(value, dict):
+            reference = value.get("reference")
+            value = value.get("relation")
+        match = _RELATION.match(value) if isinstance(value, str) else None
+        if match is None or (reference is not None and not isinstance(reference, str)):
             raise ConfigError(
-                f"check {name!r}: relation for {pattern!r} must be replicated, share or shard:<dim>, got {relation!r}",
+                f"check {name!r}: relation for {pattern!r} must be replicated, share or shard:<dim> "
+                f"(optionally followed by `of <reference parameter>`), got {value!r}",
                 site(key_line(pattern)),
             )
-        parameters.append((pattern, relation))
+        parameters.append(
+            ParameterOverride(pattern, match["relation"], reference or match["reference"], key_line(pattern))
+        )
     bounds_raw = _key(raw, "bounds") or {}
     if not isinstance(bounds_raw, dict):
         raise ConfigError(f"check {name!r}: `bounds` must be a table", site(key_line("bounds")))
@@ -219,7 +252,9 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         )
     except (TypeError, ValueError):
         raise ConfigError(f"check {name!r}: bounds must be numbers", site(key_line("bounds"))) from None
+    key_lines = tuple((key, key_line(key)) for key in ("reference", "parallel", "inputs", "world_sizes", "outputs"))
     return Check(
+        key_lines=key_lines,
         name=name,
         reference=specs["reference"],
         parallel=specs["parallel"],

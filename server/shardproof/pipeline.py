@@ -48,6 +48,12 @@ def verify_check(
     try:
         try:
             capture = CheckCapture(check, project, progress=lambda stage: notify(check.name, 0, stage))
+            capture.reference()
+        except ShardproofError as exc:
+            result.error = exc.to_dict()
+            return result
+        try:
+            capture.reference()
         except ShardproofError as exc:
             result.error = exc.to_dict()
             return result
@@ -68,6 +74,7 @@ def verify_world_size(
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     progress(check.name, world_size, "capture")
+    capture.progress = lambda stage: progress(check.name, world_size, stage)
     try:
         captured = capture.capture(world_size)
     except ShardproofError as exc:

@@ -32,12 +32,32 @@ _FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P
 _SHARDPROOF_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+# Installed packages that are plumbing around the user's model, never where a bug is.
+_INFRASTRUCTURE = (
+    "torch",
+    "functorch",
+    "typing_extensions.py",
+    "triton",
+    "numpy",
+    "egglog",
+    "sympy",
+    "_pytest",
+    "pluggy",
+    "pygls",
+    "lsprotocol",
+    "libcst",
+)
+
+
 @functools.cache
 def _skipped_prefixes() -> tuple[str, ...]:
     import torch
 
     roots = {os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(contextlib.__file__)}
-    return tuple(sorted(r.rstrip(os.sep) + os.sep for r in roots))
+    for key in ("purelib", "platlib"):
+        site_packages = sysconfig.get_paths()[key]
+        roots.update(os.path.join(site_packages, name) for name in _INFRASTRUCTURE)
+    return tuple(sorted(r.rstrip(os.sep) + (os.sep if not r.endswith(".py") else "") for r in roots))
 
 
 def is_user_file(filename: str, extra_skips: tuple[str, ...] = ()) -> bool:

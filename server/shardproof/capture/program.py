@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
+import logging
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -92,7 +95,7 @@ def load_callable(spec: str, role: str, check: Check, project: Project) -> Calla
             raise ConfigError(
                 f"check {check.name!r}: {role} module {module_name!r} not found (import roots: "
                 f"{', '.join(str(p) for p in project.python_path)})",
-                project.site(check.line),
+                project.site(check.line_of(role)),
             ) from None
         raise user_code_error(exc, f"importing {module_name}") from None
     except Exception as exc:
@@ -101,11 +104,12 @@ def load_callable(spec: str, role: str, check: Check, project: Project) -> Calla
     for part in attr_path.split("."):
         if not hasattr(target, part):
             raise ConfigError(
-                f"check {check.name!r}: {role} {spec!r}: {module_name} has no {attr_path!r}", project.site(check.line)
+                f"check {check.name!r}: {role} {spec!r}: {module_name} has no {attr_path!r}",
+                project.site(check.line_of(role)),
             )
         target = getattr(target, part)
     if not callable(target):
-        raise ConfigError(f"check {check.name!r}: {role} {spec!r} is not callable", project.site(check.line))
+        raise ConfigError(f"check {check.name!r}: {role} {spec!r} is not callable", project.site(check.line_of(role)))
     return target
 
 
@@ -153,11 +157,32 @@ def _build_reference(build: Callable[[], Any], tracker: ProvenanceTracker) -> tu
 
 def _export(module: nn.Module, inputs: tuple[Any, ...], stage: str) -> torch.export.ExportedProgram:
     try:
-        with torch.no_grad(), exact_stack_traces(), extended_collective_remaps():
+        with (
+            torch.no_grad(),
+            exact_stack_traces(),
+            extended_collective_remaps(),
+            warnings.catch_warnings(),
+            _quiet_torch_logs(),
+        ):
+            # torch warns about deprecated collectives and pytree internals while tracing user code
+            warnings.simplefilter("ignore")
             program = torch.export.export(module, inputs, strict=False)
             return program.run_decompositions(decomp_table={})
     except Exception as exc:
         raise user_code_error(exc, stage) from None
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Tracing failures are reported by us, at the user's line; torch's own log records and the
+    graph it prints to stderr when export fails are noise."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
 
 
 def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size: int) -> Expr:
@@ -255,13 +280,15 @@ class CheckCapture:
         )
         for name, tensor in tensors:
             expr = tracker.expr_of(tensor)
-            relation = self.check.relation_override(name)
-            if relation is not None:
-                reference = reference_values.get(name)
+            override = self.check.relation_override(name)
+            if override is not None:
+                relation, reference_name, line = override
+                reference = reference_values.get(reference_name)
                 if reference is None:
                     raise ConfigError(
-                        f"check {self.check.name!r}: parameter override for {name!r} names no reference parameter",
-                        self.project.site(self.check.line),
+                        f"check {self.check.name!r}: the override for {name!r} names reference parameter "
+                        f"{reference_name!r}, which does not exist (write `<relation> of <reference name>`)",
+                        self.project.site(line),
                     )
                 expr = _override(expr, relation, reference, rank, world_size)
             values[name] = expr

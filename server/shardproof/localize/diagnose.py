@@ -84,11 +84,44 @@ def _fn(node: Node) -> str | None:
     return node.attrs.get("fn") if node.op in ("unary", "scalar", "binary", "reduce") else None
 
 
+_OP_NAMES = {
+    "linear": "linear",
+    "matmul": "matmul",
+    "embedding": "embedding lookup",
+    "sdpa": "attention",
+    "view": "reshape",
+    "permute": "transpose",
+    "slice": "slice",
+    "cat": "concatenation",
+    "expand": "expand",
+    "where": "where",
+    "fill": "masked_fill",
+    "softmax": "softmax",
+    "log_softmax": "log_softmax",
+    "all_reduce": "all-reduce",
+    "all_gather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "all_to_all": "all-to-all",
+    "broadcast": "broadcast",
+    "constant": "constant",
+}
+
+
 def _describe_op(node: Node) -> str:
+    """A short human name: `silu`, `add`, `linear layers.0.attention.wo`, `attention`."""
     fn = _fn(node)
     if node.op == "generic":
-        return str(node.attrs.get("target", "op"))
-    return f"{node.op}({fn})" if fn else node.op
+        return str(node.attrs.get("target", "op")).replace("aten::", "")
+    if node.op == "scalar":
+        return f"{fn} by {node.attrs.get('value')}"
+    if node.op == "reduce":
+        return str(fn)
+    name = str(fn) if fn else _OP_NAMES.get(node.op, node.op)
+    if fn and fn.startswith("cast_"):
+        name = f"cast to {fn.removeprefix('cast_')}"
+    if node.op in ("linear", "embedding") and node.module_path:
+        return f"{name} {node.module_path}"
+    return name
 
 
 class Localizer:
@@ -188,13 +221,14 @@ class Localizer:
         return bool(self.index.relations_of_rank_value(rank, value))
 
     def ref_value_name(self, value: str) -> str:
+        """`the output of linear layers.0.attention.wo`, `layers.0.attention.wo.bias`."""
         if value in self.ref_placeholders:
             return self.ref_placeholders[value].target
         node = self.ref_nodes.get(value)
         if node is None:
             return value
-        where = f" ({node.module_path})" if node.module_path else ""
-        return f"{_describe_op(node)}{where}"
+        where = f" in {node.module_path}" if node.module_path and node.op not in ("linear", "embedding") else ""
+        return f"the output of {_describe_op(node)}{where}"
 
     def aligned(self, ref_node: Node, rank: int) -> Node | None:
         """The rank node that plays the part of `ref_node`: same op, inputs related to its inputs."""
@@ -361,8 +395,12 @@ class Localizer:
         consumer: Node,
     ) -> Discrepancy:
         producer = self.rank_node(rank, partial_value)
-        fraction = f"[{rel.start}:{rel.end}] of its {rel.total} reduced indices"
-        holds = f"each rank holds a partial sum over {fraction}" if rel.total else "each rank holds a partial sum"
+        reduced = "input features" if producer is not None and producer.op == "linear" else "reduced indices"
+        holds = (
+            f"rank {rank} holds a partial sum over its {reduced} [{rel.start}:{rel.end}] of {rel.total}"
+            if rel.total
+            else f"rank {rank} holds a partial sum"
+        )
         ref_input = self.ref_nodes.get(ref_value)
         other_values = [v for v in consumer.inputs if v != partial_value]
         reference_site = self.ref_site(ref_node, "the reference uses the full value here")
@@ -408,10 +446,10 @@ class Localizer:
         producer_site = self.rank_site(producer, "the partial sum is produced here") if producer else None
         what = self.ref_value_name(ref_value) if ref_input is not None else ref_value
         consumer_desc = _describe_op(consumer)
+        source = _describe_op(producer) if producer is not None else "partial computation"
+        consumer_where = self.rank_site(consumer).short() if consumer.site else "?"
         message = (
-            f"the partial sum from {what} at {producer_site.short() if producer_site else '?'} reaches "
-            f"{consumer_desc} at {self.rank_site(consumer).short() if consumer.site else '?'} without an "
-            f"all-reduce"
+            f"the partial sum of the {source} reaches the {consumer_desc} at {consumer_where} without an all-reduce"
         )
         related = [
             s
@@ -431,7 +469,7 @@ class Localizer:
             related=related,
             reference_node=ref_node.id,
             parallel_nodes=[f"rank{rank}/{partial_value}", f"rank{rank}/{consumer.id}"],
-            expected=f"the full value of {what} (replicated) at input {position} of {_describe_op(ref_node)}",
+            expected=f"{what} in full on every rank (replicated), as input {position} of the {_describe_op(ref_node)}",
             found=holds,
             suggestion="all-reduce the partial sums (sum over the tensor-parallel group) before using them",
         )
@@ -595,9 +633,9 @@ class Localizer:
         culprit_site, how = self.blame(rank, value)
         expected_rels = self.index.relations(ref_value, rank)
         found_rels = self.index.relations_of_rank_value(rank, value)
-        expected = f"input {k} of {_describe_op(ref_node)} should relate to {self.ref_value_name(ref_value)}"
+        expected = f"input {k} of the {_describe_op(ref_node)} holds part of {self.ref_value_name(ref_value)}"
         found = (
-            "; ".join(f"{rel.describe()} of {self.ref_value_name(refs[0])}" for rel, refs in found_rels[:3])
+            "; ".join(self._holding(rel, refs[0]) for rel, refs in found_rels[:2])
             or "a value unrelated to anything the reference computes"
         )
         kind = "wrong-shard" if found_rels else "not-equivalent"
@@ -607,7 +645,7 @@ class Localizer:
             kind = "unrelated-parameter"
         where = self.rank_site(aligned).short() if aligned.site else "?"
         message = (
-            f"rank {rank} feeds {_describe_op(aligned)} at {where} with {found}, where the reference uses "
+            f"rank {rank} applies the {_describe_op(aligned)} at {where} to {found}, where the reference uses "
             f"{self.ref_value_name(ref_value)}"
         )
         return Discrepancy(
@@ -618,11 +656,24 @@ class Localizer:
             related=[s for s in [self.rank_site(aligned, f"rank {rank} computes {_describe_op(aligned)} here")] if s],
             reference_node=ref_node.id,
             parallel_nodes=[f"rank{rank}/{aligned.id}", f"rank{rank}/{value}"],
-            expected=expected + (f" ({expected_rels[0][0].describe()})" if expected_rels else ""),
+            expected=expected,
             found=found,
             suggestion="make this rank hold the slice its partners expect (see the first location)",
             details={"blame": how},
         )
+
+    def _holding(self, rel: Relation, ref_value: str) -> str:
+        shape = self._shape(ref_value)
+        name = self.ref_value_name(ref_value)
+        if rel.kind == "equal":
+            return name
+        return f"{rel.describe(shape)} of {name}"
+
+    def _shape(self, ref_value: str) -> tuple[int, ...] | None:
+        try:
+            return self.reference.meta_of(ref_value).shape
+        except KeyError:
+            return None
 
     def _unsupported(self, ref_node: Node, rank: int) -> Unsupported | None:
         if ref_node.op in _SUPPORTED:

@@ -32,11 +32,11 @@ class Relation:
         if self.kind == "sel":
             dim = _dim_name(self.dim, shape)
             spans = ", ".join(f"[{s}:{e}]" for s, e in self.ranges)
-            return f"{spans} of {dim}"
+            return f"the slice {spans} of {dim}"
         if self.kind == "selw":
             return (
-                f"{self.length} consecutive entries of {_dim_name(self.dim, shape)} starting anywhere in "
-                f"[{self.lo}, {self.hi}] (a replicated slice)"
+                f"a replicated slice of {self.length} taken anywhere in [{self.lo}:{self.hi + self.length}] of "
+                f"{_dim_name(self.dim, shape)}"
             )
         if self.kind == "psum":
             return f"a partial sum over [{self.start}:{self.end}] of the {self.total} reduced indices"

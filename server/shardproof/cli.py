@@ -1,0 +1,139 @@
+"""`shardproof verify`: prove each declared check at each world size, or point at the line that breaks it.
+
+Exit codes: 0 all verified, 1 a discrepancy, 2 inconclusive or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from . import __version__
+from .config import Project, load_project
+from .errors import ShardproofError
+from .results import CheckResult, exit_code
+
+
+class Progress:
+    """One updating status line on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self, stream: TextIO, enabled: bool) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self._width = 0
+        self._start = time.perf_counter()
+
+    def __call__(self, check: str, world_size: int, stage: str) -> None:
+        if not self.enabled:
+            return
+        where = f"world size {world_size}: " if world_size else ""
+        text = f"[{check}] {where}{stage}  ({time.perf_counter() - self._start:.0f} s)"
+        self.stream.write("\r" + text.ljust(self._width))
+        self.stream.flush()
+        self._width = len(text)
+
+    def clear(self) -> None:
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+            self._width = 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardproof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"shardproof {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    verify = sub.add_parser("verify", help="verify the checks declared in pyproject.toml")
+    verify.add_argument(
+        "--project",
+        type=Path,
+        default=Path.cwd(),
+        help="project directory or pyproject.toml (default: the current directory)",
+    )
+    verify.add_argument("--check", action="append", metavar="NAME", help="only this check (repeatable)")
+    verify.add_argument(
+        "--world-size",
+        action="append",
+        type=int,
+        metavar="N",
+        help="only this world size (repeatable; default: the declared ones)",
+    )
+    verify.add_argument("--json", action="store_true", help="print the results as JSON")
+    verify.add_argument("--sarif", type=Path, metavar="FILE", help="also write SARIF 2.1.0 to FILE")
+    return parser
+
+
+def _emit_config_error(exc: ShardproofError, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"version": 1, "error": exc.to_dict(), "checks": [], "exit_code": 2}, indent=2))
+    else:
+        where = ""
+        if exc.site is not None:
+            where = f"{exc.site.file}:{exc.site.line}: "
+        print(f"shardproof: {where}error: {exc.message}", file=sys.stderr)
+    return 2
+
+
+def verify(args: argparse.Namespace) -> int:
+    from .pipeline import verify_check
+    from .verify.sandbox import Sandbox
+
+    try:
+        project: Project = load_project(args.project)
+        checks = [project.check(name) for name in args.check] if args.check else list(project.checks)
+    except ShardproofError as exc:
+        return _emit_config_error(exc, args.json)
+    if args.world_size and any(n < 1 for n in args.world_size):
+        print("shardproof: error: --world-size must be positive", file=sys.stderr)
+        return 2
+    progress = Progress(sys.stderr, enabled=sys.stderr.isatty() and not args.json)
+    results: list[CheckResult] = []
+    memory = max(c.bounds.memory_mb for c in checks)
+    try:
+        with Sandbox(memory) as sandbox:
+            for check in checks:
+                progress(check.name, 0, "starting")
+                results.append(verify_check(check, project, args.world_size, sandbox, progress))
+    except KeyboardInterrupt:
+        progress.clear()
+        print("shardproof: interrupted", file=sys.stderr)
+        return 130
+    progress.clear()
+    code = exit_code(results)
+    root = project.root
+    if args.sarif:
+        from .report import sarif
+
+        args.sarif.write_text(json.dumps(sarif.render(results, root), indent=2) + "\n")
+    if args.json:
+        payload = {
+            "version": 1,
+            "project": str(project.pyproject),
+            "checks": [r.to_dict() for r in results],
+            "exit_code": code,
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        from .report import text
+
+        sys.stdout.write(text.render(results, root))
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    if args.command == "verify":
+        return verify(args)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

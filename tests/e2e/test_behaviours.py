@@ -1,0 +1,119 @@
+"""Verdicts and messages users rely on, on tiny models: sharded outputs, overrides, unrelated
+parameters, unsupported ops, bounds, collective mismatches and errors in user code."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from shardproof.config import load_project
+from shardproof.pipeline import verify_check
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_root: Path):
+    return load_project(tiny_root)
+
+
+def run(project, name: str, sandbox, world_sizes=None, **changes):
+    check = project.check(name)
+    if changes:
+        check = dataclasses.replace(check, **changes)
+    return verify_check(check, project, world_sizes, sandbox)
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i + 1 for i, line in enumerate(path.read_text().splitlines()) if text in line)
+
+
+def test_correct_mlp_is_verified(tiny, sandbox) -> None:
+    result = run(tiny, "ok", sandbox)
+    assert [r.verdict for r in result.results] == ["verified", "verified"]
+
+
+def test_sharded_outputs_are_verified_with_the_relation_found(tiny, sandbox) -> None:
+    (outcome,) = run(tiny, "column-only", sandbox).results
+    assert outcome.verdict == "verified"
+    assert outcome.outputs[0].relation == "sharded"
+    assert "[0:16], [16:32]" in outcome.outputs[0].description
+
+
+def test_sharded_outputs_fail_a_replicated_expectation(tiny, sandbox, tiny_root) -> None:
+    (outcome,) = run(tiny, "column-only-replicated", sandbox).results
+    assert outcome.verdict == "discrepancy"
+    (finding,) = outcome.discrepancies
+    assert finding.kind == "wrong-layout"
+    assert finding.primary.line == line_of(tiny_root / "tinymlp/parallel.py", "return F.linear(x, self.w, self.b)")
+
+
+def test_independently_initialised_parameter_is_a_discrepancy_at_its_creation(tiny, sandbox, tiny_root) -> None:
+    (outcome,) = run(tiny, "fresh", sandbox).results
+    assert outcome.verdict == "discrepancy"
+    finding = outcome.discrepancies[0]
+    assert finding.kind == "unrelated-parameter"
+    assert finding.primary.line == line_of(tiny_root / "tinymlp/parallel.py", "self.down_w = nn.Parameter(torch.randn")
+
+
+def test_declared_relation_overrides_independent_initialisation(tiny, sandbox) -> None:
+    (outcome,) = run(tiny, "fresh-declared", sandbox).results
+    assert outcome.verdict == "verified"
+
+
+def test_unsupported_op_is_inconclusive_and_says_which_op_and_where(tiny, sandbox, tiny_root) -> None:
+    (outcome,) = run(tiny, "unsupported-op", sandbox).results
+    assert outcome.verdict == "inconclusive"
+    (reason,) = outcome.inconclusive
+    assert reason.reason == "unsupported-op"
+    assert "lgamma" in reason.op and "lgamma" in reason.message
+    assert reason.site is not None
+    assert reason.site.line == line_of(tiny_root / "tinymlp/model.py", "torch.lgamma(self.up(x))")
+
+
+def test_a_hit_bound_is_inconclusive_and_names_the_bound(tiny, sandbox) -> None:
+    check = tiny.check("ok")
+    (outcome,) = run(tiny, "ok", sandbox, [2], bounds=dataclasses.replace(check.bounds, iterations=1)).results
+    assert outcome.verdict == "inconclusive"
+    assert "iteration bound (1)" in outcome.inconclusive[0].message
+
+
+def test_collective_mismatch_is_reported_at_both_calls(tiny, sandbox, tiny_root) -> None:
+    (outcome,) = run(tiny, "collective-mismatch", sandbox).results
+    assert outcome.verdict == "discrepancy"
+    finding = outcome.discrepancies[0]
+    assert finding.kind == "collective-mismatch"
+    source = tiny_root / "tinymlp/parallel.py"
+    assert finding.primary.line == line_of(source, "if self.rank == 0:") + 1  # its dist.all_reduce(y)
+    assert finding.related[0].line == line_of(source, "dist.all_gather_into_tensor(out, y)")
+
+
+def test_exception_in_the_builder_is_reported_at_its_line(tiny, sandbox, tiny_root) -> None:
+    (outcome,) = run(tiny, "builder-raises", sandbox).results
+    assert outcome.verdict == "error"
+    assert "ValueError: cannot place shard 1" in outcome.error["message"]
+    assert outcome.error["site"]["line"] == line_of(tiny_root / "tinymlp/parallel.py", "raise ValueError")
+
+
+def test_untraceable_model_is_reported_at_the_data_dependent_line(tiny, sandbox, tiny_root) -> None:
+    (outcome,) = run(tiny, "untraceable", sandbox).results
+    assert outcome.verdict == "error"
+    assert "tracing rank 0" in outcome.error["message"]
+    assert outcome.error["site"]["line"] == line_of(tiny_root / "tinymlp/parallel.py", "if x.sum() > 0:")
+
+
+def test_syntax_error_in_user_module_is_reported_at_its_line(tiny, sandbox, tiny_root) -> None:
+    result = run(tiny, "syntax-error", sandbox)
+    assert result.verdict == "error"
+    assert "SyntaxError" in result.error["message"]
+    assert result.error["site"]["file"] == str(tiny_root / "tinymlp/broken.py")
+    assert result.error["site"]["line"] == 4
+
+
+def test_missing_function_is_reported_at_the_declaration(tiny, sandbox, tiny_root) -> None:
+    result = run(tiny, "missing-function", sandbox)
+    assert result.verdict == "error"
+    assert "has no 'does_not_exist'" in result.error["message"]
+    assert result.error["site"]["line"] == line_of(tiny_root / "pyproject.toml", "tinymlp.model:does_not_exist")

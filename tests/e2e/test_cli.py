@@ -1,0 +1,76 @@
+"""`shardproof verify` as users run it: exit codes, JSON, SARIF and the readable report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def shardproof(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardproof", *args], cwd=cwd, capture_output=True, text=True, timeout=900
+    )
+
+
+def test_json_verdicts_for_every_declared_world_size(example_root: Path) -> None:
+    run = shardproof("verify", "--json", cwd=example_root)
+    assert run.returncode == 0, run.stderr
+    payload = json.loads(run.stdout)
+    (check,) = payload["checks"]
+    assert check["name"] == "llama-tp" and check["verdict"] == "verified"
+    assert [(w["world_size"], w["verdict"]) for w in check["world_sizes"]] == [
+        (2, "verified"),
+        (4, "verified"),
+        (8, "verified"),
+    ]
+    assert payload["exit_code"] == 0
+    assert run.stderr.strip() == ""  # quiet: no progress, no warnings
+
+
+def test_discrepancy_exit_code_text_report_and_sarif(tmp_path: Path) -> None:
+    import bug_variants
+
+    bug = bug_variants.variant("missing-all-reduce")
+    project = bug_variants.materialize(bug, tmp_path / "variant")
+    sarif_path = tmp_path / "out.sarif"
+    run = shardproof("verify", "--project", str(project), "--world-size", "2", "--sarif", str(sarif_path))
+    assert run.returncode == 1, run.stderr
+    line = bug.line_number(project)
+    assert f"llama_example/tp.py:{line}:" in run.stdout
+    assert "[missing-reduction]" in run.stdout
+    assert "return F.linear(x, self.weight) + self.bias" in run.stdout
+    sarif = json.loads(sarif_path.read_text())
+    assert sarif["version"] == "2.1.0"
+    (result,) = sarif["runs"][0]["results"]
+    assert result["ruleId"] == "missing-reduction" and result["level"] == "error"
+    location = result["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"]["uri"] == "llama_example/tp.py"
+    assert location["region"]["startLine"] == line
+    assert result["relatedLocations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "llama_example/model.py"
+    rule_ids = {r["id"] for r in sarif["runs"][0]["tool"]["driver"]["rules"]}
+    assert "missing-reduction" in rule_ids
+
+
+def test_errors_exit_2_with_a_location(tiny_root: Path, tmp_path: Path) -> None:
+    run = shardproof("verify", "--project", str(tiny_root), "--check", "syntax-error")
+    assert run.returncode == 2
+    assert "tinymlp/broken.py:4" in run.stdout
+    assert "Traceback" not in run.stdout + run.stderr
+
+    (tmp_path / "pyproject.toml").write_text("[tool.shardproof]\n[[tool.shardproof.check]]\nname = 'x'\n")
+    run = shardproof("verify", "--project", str(tmp_path))
+    assert run.returncode == 2
+    assert "pyproject.toml:2" in run.stderr and "has no `reference`" in run.stderr
+
+
+def test_inconclusive_exits_2(tiny_root: Path) -> None:
+    run = shardproof("verify", "--project", str(tiny_root), "--check", "unsupported-op", "--json")
+    assert run.returncode == 2
+    payload = json.loads(run.stdout)
+    assert payload["checks"][0]["world_sizes"][0]["inconclusive"][0]["op"] == "aten::lgamma"

@@ -1,0 +1,64 @@
+"""The bundled Llama example: the correct version is verified; every bug variant is reported at its line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardproof.config import load_project
+from shardproof.pipeline import verify_check
+
+pytestmark = pytest.mark.slow
+
+
+def test_correct_example_is_verified_at_2_4_and_8(example_root: Path, sandbox) -> None:
+    project = load_project(example_root)
+    result = verify_check(project.check("llama-tp"), project, [2, 4, 8], sandbox)
+    assert result.error is None
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified"), (8, "verified")]
+    for r in result.results:
+        assert [o.relation for o in r.outputs] == ["replicated"]
+        assert r.stats["saturation_status"] == "fixpoint"
+
+
+def _variant_cases() -> list[tuple[str, int]]:
+    import bug_variants
+
+    return [(v.name, w) for v in bug_variants.VARIANTS for w in v.world_sizes]
+
+
+@pytest.fixture(scope="module")
+def variant_projects(tmp_path_factory) -> dict[str, Path]:
+    import bug_variants
+
+    root = tmp_path_factory.mktemp("variants")
+    return {v.name: bug_variants.materialize(v, root / v.name) for v in bug_variants.VARIANTS}
+
+
+def test_there_are_at_least_ten_variants() -> None:
+    import bug_variants
+
+    assert len(bug_variants.VARIANTS) >= 10
+    assert len({v.kind for v in bug_variants.VARIANTS}) >= 6
+
+
+@pytest.mark.parametrize(("name", "world_size"), _variant_cases())
+def test_bug_variant_is_reported_at_the_line_of_the_mistake(
+    name: str, world_size: int, variant_projects, sandbox
+) -> None:
+    import bug_variants
+
+    bug = bug_variants.variant(name)
+    project = load_project(variant_projects[name])
+    result = verify_check(project.checks[0], project, [world_size], sandbox)
+    (outcome,) = result.results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    finding = outcome.discrepancies[0]
+    assert finding.primary is not None
+    assert Path(finding.primary.file) == variant_projects[name] / bug.file
+    assert finding.primary.line == bug.line_number(variant_projects[name]), finding.message
+    assert finding.primary.column is not None and finding.primary.end_column is not None
+    assert finding.kind == bug.kind, finding.message
+    assert finding.message and finding.expected and finding.found
+    assert finding.reference is not None and finding.reference.file.endswith("model.py")

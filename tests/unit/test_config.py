@@ -1,0 +1,93 @@
+"""The declaration in pyproject.toml: parsed once, errors at the offending line."""
+
+from pathlib import Path
+
+import pytest
+
+from shardproof.config import parse_project
+from shardproof.errors import ConfigError
+
+GOOD = """
+[tool.shardproof]
+python-path = ["src"]
+
+[[tool.shardproof.check]]
+name = "llama-tp"
+reference = "m.model:build"
+parallel = "m.tp:parallelize"
+inputs = "m.model:inputs"
+world-sizes = [2, 4]
+outputs = "replicated"
+
+[tool.shardproof.check.parameters]
+"layers.*.wq_local" = "shard:0 of layers.*.attention.wq.weight"
+"norm.weight" = "replicated"
+
+[tool.shardproof.check.bounds]
+iterations = 50
+"""
+
+
+def parse(text: str):
+    return parse_project(text, Path("/proj/pyproject.toml"))
+
+
+def test_good_declaration_is_read() -> None:
+    project = parse(GOOD)
+    (check,) = project.checks
+    assert check.name == "llama-tp"
+    assert check.world_sizes == (2, 4)
+    assert check.outputs == "replicated"
+    assert check.bounds.iterations == 50
+    assert project.python_path == (Path("/proj/src"),)
+    assert check.relation_override("layers.3.wq_local") == ("shard:0", "layers.3.attention.wq.weight", 14)
+    assert check.relation_override("norm.weight") == ("replicated", "norm.weight", 15)
+    assert check.relation_override("other") is None
+
+
+def test_underscore_spelling_is_accepted() -> None:
+    project = parse(GOOD.replace("world-sizes", "world_sizes"))
+    assert project.checks[0].world_sizes == (2, 4)
+
+
+@pytest.mark.parametrize(
+    ("change", "message", "line"),
+    [
+        (('parallel = "m.tp:parallelize"', 'parallel = "m.tp"'), "`parallel` must be", 8),
+        (("world-sizes = [2, 4]", "world-sizes = [0]"), "world-sizes", 10),
+        (('outputs = "replicated"', 'outputs = "all"'), "`outputs` must be", 11),
+        (('"norm.weight" = "replicated"', '"norm.weight" = "mirrored"'), "relation for 'norm.weight'", 15),
+        (("iterations = 50", 'iterations = "many"'), "bounds must be numbers", 17),
+    ],
+)
+def test_bad_values_are_reported_at_their_line(change, message, line) -> None:
+    text = GOOD.replace(*change)
+    with pytest.raises(ConfigError) as info:
+        parse(text)
+    assert message in info.value.message
+    assert info.value.site is not None
+    assert info.value.site.file == "/proj/pyproject.toml"
+    assert info.value.site.line == line
+
+
+def test_missing_section() -> None:
+    with pytest.raises(ConfigError, match="no \\[tool.shardproof\\] section"):
+        parse("[project]\nname = 'x'\n")
+
+
+def test_invalid_toml_names_the_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse("[tool.shardproof]\n[[tool.shardproof.check]]\nname = \n")
+    assert info.value.site is not None and info.value.site.line == 3
+
+
+def test_duplicate_check_names() -> None:
+    twice = GOOD + GOOD.split('[tool.shardproof]\npython-path = ["src"]\n')[1].split("[tool.shardproof.check.para")[0]
+    with pytest.raises(ConfigError, match="declared twice"):
+        parse(twice)
+
+
+def test_unknown_check_name_lists_the_declared_ones() -> None:
+    project = parse(GOOD)
+    with pytest.raises(ConfigError, match="declared: llama-tp"):
+        project.check("nope")

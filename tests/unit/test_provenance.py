@@ -1,0 +1,79 @@
+"""Parameter relations are inferred from the builder's own tensor operations."""
+
+from fractions import Fraction
+
+import torch
+from torch import nn
+
+from shardproof.capture.provenance import ProvenanceTracker
+from shardproof.relations import expr as px
+
+
+def _reference() -> tuple[ProvenanceTracker, nn.Module]:
+    tracker = ProvenanceTracker()
+    with tracker, torch.device("meta"):
+        ref = nn.Linear(8, 6)
+    for name, p in ref.named_parameters():
+        tracker.register(p, px.ParamRef(name=name, shape=tuple(p.shape), dtype="float32"))
+    return tracker, ref
+
+
+def test_chunk_copied_into_a_fresh_parameter_is_a_slice() -> None:
+    tracker, ref = _reference()
+    with tracker, torch.device("meta"), torch.no_grad():
+        local = nn.Linear(8, 3)
+        local.weight.copy_(ref.weight.chunk(2, dim=0)[1])
+    expr = tracker.expr_of(local.weight)
+    assert isinstance(expr, px.SliceOf)
+    assert (expr.dim, expr.start, expr.end) == (-2, 3, 6)
+    assert isinstance(expr.source, px.ParamRef) and expr.source.name == "weight"
+    assert expr.site is not None and expr.site.innermost is not None
+    assert expr.site.innermost.file == __file__
+
+
+def test_parameter_wrapping_data_assignment_and_columns() -> None:
+    tracker, ref = _reference()
+    with tracker, torch.device("meta"), torch.no_grad():
+        wrapped = nn.Parameter(ref.weight.narrow(1, 4, 4))
+        holder = nn.Linear(4, 6)
+        holder.weight.data = ref.weight[:, :4].clone()
+    first = tracker.expr_of(wrapped)
+    second = tracker.expr_of(holder.weight)
+    assert isinstance(first, px.SliceOf) and (first.dim, first.start, first.end) == (-1, 4, 8)
+    assert isinstance(second, px.SliceOf) and (second.dim, second.start, second.end) == (-1, 0, 4)
+
+
+def test_fused_weight_assembled_by_concatenation_and_region_writes() -> None:
+    tracker, ref = _reference()
+    with tracker, torch.device("meta"), torch.no_grad():
+        fused = torch.cat([ref.weight[0:2], ref.weight[4:6]])
+        target = torch.empty(4, 8)
+        target[0:2].copy_(ref.weight[2:4])
+        target[2:4].copy_(ref.weight[0:2])
+    cat = tracker.expr_of(fused)
+    assert isinstance(cat, px.CatOf) and [(p.start, p.end) for p in cat.parts] == [(0, 2), (4, 6)]
+    written = tracker.expr_of(target)
+    assert isinstance(written, px.CatOf) and [(p.start, p.end) for p in written.parts] == [(2, 4), (0, 2)]
+
+
+def test_scaled_share_and_random_init() -> None:
+    tracker, ref = _reference()
+    with tracker, torch.device("meta"), torch.no_grad():
+        share = ref.bias / 4
+        fresh = nn.Linear(8, 6)
+    expr = tracker.expr_of(share)
+    assert isinstance(expr, px.ScaleOf) and expr.factor == Fraction(1, 4)
+    problems = px.problems(tracker.expr_of(fresh.weight))
+    assert problems and isinstance(problems[0], px.Fresh)
+
+
+def test_recomputed_constants_get_the_same_identity() -> None:
+    tracker = ProvenanceTracker()
+    with tracker, torch.device("meta"):
+        a = torch.arange(16).float().cos()
+        b = torch.arange(16).float().cos()
+        c = torch.arange(17).float().cos()
+    ea, eb, ec = (tracker.expr_of(t) for t in (a, b, c))
+    assert px.is_deterministic(ea)
+    assert ea == eb
+    assert ea != ec
