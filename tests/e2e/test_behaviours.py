@@ -117,3 +117,28 @@ def test_missing_function_is_reported_at_the_declaration(tiny, sandbox, tiny_roo
     assert result.verdict == "error"
     assert "has no 'does_not_exist'" in result.error["message"]
     assert result.error["site"]["line"] == line_of(tiny_root / "pyproject.toml", "tinymlp.model:does_not_exist")
+
+
+@pytest.mark.parametrize("name", ["reduce-scatter", "broadcast", "all-to-all"])
+def test_every_collective_kind_is_verified(tiny, sandbox, name) -> None:
+    result = run(tiny, name, sandbox)
+    assert {r.verdict for r in result.results} == {"verified"}
+
+
+def test_collectives_are_captured_as_nodes_with_group_and_site(tiny, tiny_root) -> None:
+    from shardproof.capture.program import CheckCapture
+
+    kinds: dict[str, list[str]] = {}
+    for name in ("reduce-scatter", "broadcast", "all-to-all"):
+        captured = CheckCapture(tiny.check(name), tiny).capture(2)
+        graph = captured.ranks[1].graph
+        collectives = [n for n in graph.nodes if n.collective is not None]
+        kinds[name] = [n.collective.kind for n in collectives]
+        for node in collectives:
+            assert node.collective.group == (0, 1)
+            assert node.site.innermost.file == str(tiny_root / "tinymlp/collectives.py")
+    assert kinds == {
+        "reduce-scatter": ["reduce_scatter", "all_gather"],
+        "broadcast": ["broadcast"],
+        "all-to-all": ["all_to_all", "all_gather"],
+    }

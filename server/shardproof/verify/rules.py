@@ -27,14 +27,20 @@ class Rule:
         return f'{body[:-1]} :ruleset {self.family} :name "{self.name}")'
 
 
+# Rule families, one ruleset each: the range-list algebra and shape inference (run to saturation
+# before every pass), then distribution over concatenation, slice algebra, layout (reshape,
+# transpose, expand, repeat), column/row-parallel matmul, attention and softmax, normalisation and
+# other reductions, elementwise ops, vocab-parallel embedding masking, and partial-sum algebra.
 FAMILIES = (
     "ranges",
     "shapes",
-    "normalize",
-    "movement",
+    "concat",
+    "slicing",
+    "layout",
+    "matmul",
+    "attention",
+    "normalization",
     "elementwise",
-    "reduction",
-    "contraction",
     "embedding",
     "partial",
 )
@@ -177,37 +183,37 @@ _rule(
 # ---------------------------------------------------------------------------------------------
 _rule(
     "linear-of-row-concat",
-    "normalize",
+    "concat",
     "x @ cat(A, B)^T = cat(x @ A^T, x @ B^T) along the last dim",
     "(rewrite (Linear x (Cat a b -2)) (Cat (Linear x a) (Linear x b) -1))",
 )
 _rule(
     "slice-of-concat-first",
-    "normalize",
+    "concat",
     "cat(a, b)[0:len(a)] = a",
     "(rewrite (Slice (Cat a b d) d 0 n) a :when ((= n (sz a d))))",
 )
 _rule(
     "slice-of-concat-inside-first",
-    "normalize",
+    "concat",
     "a slice inside the first piece is a slice of it",
     "(rewrite (Slice (Cat a b d) d s e) (Slice a d s e) :when ((= na (sz a d)) (<= e na) (< 0 s)))",
 )
 _rule(
     "slice-of-concat-inside-first-start",
-    "normalize",
+    "concat",
     "a slice at the start of the first piece",
     "(rewrite (Slice (Cat a b d) d 0 e) (Slice a d 0 e) :when ((= na (sz a d)) (< e na)))",
 )
 _rule(
     "slice-of-concat-second",
-    "normalize",
+    "concat",
     "a slice inside the second piece is a slice of it",
     "(rewrite (Slice (Cat a b d) d s e) (Slice b d (- s na) (- e na)) :when ((= na (sz a d)) (>= s na)))",
 )
 _rule(
     "slice-whole",
-    "normalize",
+    "slicing",
     "the whole extent of a dim is the value itself",
     "(rule ((= y (Slice x d 0 n)) (= n (sz x d))) ((union y x)))",
 )
@@ -217,133 +223,133 @@ _rule(
 # ---------------------------------------------------------------------------------------------
 _rule(
     "slice-is-selection",
-    "movement",
+    "slicing",
     "x[d, s:e] selects range [s, e) of x",
     "(rule ((= x (Slice X d s e))) ((sel X x d (RCons s e (RNil)))))",
 )
 _rule(
     "full-selection-is-equal",
-    "movement",
+    "slicing",
     "selecting all of a dim in order is the value",
     "(rule ((sel X x d (RCons 0 n (RNil))) (= n (sz X d))) ((union X x)))",
 )
 _rule(
     "slice-of-selection",
-    "movement",
+    "slicing",
     "slicing a selection selects the corresponding original ranges",
     "(rule ((sel X x d R) (= y (Slice x d a b))) ((selp X y d (RSub R a b))))",
 )
 _rule(
     "selection-within-slice",
-    "movement",
+    "slicing",
     "a selection inside the reference's own slice is a selection of it",
     "(rule ((sel X x d R) (= Y (Slice X d a b))) ((selp Y x d (RClip R a b))))",
 )
 _rule(
     "slice-other-dim",
-    "movement",
+    "slicing",
     "slicing another dim the same way keeps the selection",
     "(rule ((sel X x d R) (= Y (Slice X d2 a b)) (= y (Slice x d2 a b)) (!= d d2)) ((sel Y y d R)))",
 )
 _rule(
     "concat-of-selections",
-    "movement",
+    "concat",
     "concatenating selections of one value concatenates their ranges",
     "(rule ((= c (Cat a b d)) (sel X a d Ra) (sel X b d Rb)) ((selp X c d (RApp Ra Rb))))",
 )
 _rule(
     "concat-piecewise",
-    "movement",
+    "concat",
     "concatenating selections of the reference's pieces along the same dim",
     "(rule ((= C (Cat A B d)) (= c (Cat a b d)) (sel A a d Ra) (sel B b d Rb) (= na (sz A d))) "
     "((selp C c d (RApp Ra (RShift Rb na)))))",
 )
 _rule(
     "concat-piecewise-left-equal",
-    "movement",
+    "concat",
     "as concat-piecewise, first piece replicated",
     "(rule ((= C (Cat A B d)) (= c (Cat A b d)) (sel B b d Rb) (= na (sz A d))) "
     "((selp C c d (RCons 0 na (RShift Rb na)))))",
 )
 _rule(
     "concat-piecewise-right-equal",
-    "movement",
+    "concat",
     "as concat-piecewise, second piece replicated",
     "(rule ((= C (Cat A B d)) (= c (Cat a B d)) (sel A a d Ra) (= na (sz A d)) (= nb (sz B d))) "
     "((selp C c d (RApp Ra (RCons na (+ na nb) (RNil))))))",
 )
 _rule(
     "concat-other-dim",
-    "movement",
+    "concat",
     "concatenating along another dim keeps a common selection",
     "(rule ((= C (Cat A B d2)) (= c (Cat a b d2)) (sel A a d R) (sel B b d R) (!= d d2)) ((sel C c d R)))",
 )
 _rule(
     "concat-other-dim-left-broadcast",
-    "movement",
+    "concat",
     "concatenation along another dim, first piece replicated",
     "(rule ((= C (Cat A B d2)) (= c (Cat A b d2)) (sel B b d R) (!= d d2) (= 1 (sz A d))) ((sel C c d R)))",
 )
 _rule(
     "view-keep",
-    "movement",
+    "layout",
     "a view that keeps a dim keeps its selection",
     "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vkeep Y di do) (vkeep y di do)) ((sel Y y do R)))",
 )
 _rule(
     "view-split",
-    "movement",
+    "layout",
     "splitting a dim (heads x head_dim): selections aligned to the inner size",
     "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vsplit Y di do h) (vsplit y di do h)) "
     "((selp Y y do (RDiv R h))))",
 )
 _rule(
     "view-merge",
-    "movement",
+    "layout",
     "merging an outer dim into the next: selections scale by the inner size",
     "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vmerge Y di do h) (vmerge y di do h)) "
     "((selp Y y do (RMul R h))))",
 )
 _rule(
     "permute-moves-selection",
-    "movement",
+    "layout",
     "a permutation moves the selected dim",
     "(rule ((= Y (Permute X p)) (= y (Permute x p)) (sel X x di R) (pmap Y di do)) ((sel Y y do R)))",
 )
 _rule(
     "expand-keeps-selection",
-    "movement",
+    "layout",
     "broadcasting other dims keeps a selection",
     "(rule ((= Y (Expand X s1)) (= y (Expand x s2)) (sel X x d R) (emap Y d) (emap y d)) ((sel Y y d R)))",
 )
 _rule(
     "repeat-scales-selection",
-    "movement",
+    "layout",
     "repeating every slice m times scales the selected ranges",
     "(rule ((= Y (Rep X d m)) (= y (Rep x d m)) (sel X x d R)) ((selp Y y d (RMul R m))))",
 )
 _rule(
     "repeat-other-dim",
-    "movement",
+    "layout",
     "repeating along another dim keeps a selection",
     "(rule ((= Y (Rep X d m)) (= y (Rep x d m)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
 )
 _rule(
     "repeat-fewer-copies",
-    "movement",
+    "layout",
     "m2 < m copies of one slice equal any m2 consecutive copies of it among the reference's m",
     "(rule ((= Y (Rep X d m)) (= y (Rep x d m2)) (sel X x d (RCons s (+ s 1) (RNil))) (< m2 m)) "
     "((selw Y y d (* s m) (- (+ (* s m) m) m2) m2)))",
 )
 _rule(
     "window-slice",
-    "movement",
+    "slicing",
     "a window selection sliced along another dim",
     "(rule ((selw X x d lo hi n) (= Y (Slice X d2 a b)) (= y (Slice x d2 a b)) (!= d d2)) ((selw Y y d lo hi n)))",
 )
 _rule(
     "window-permute",
-    "movement",
+    "layout",
     "a permutation moves a window selection",
     "(rule ((= Y (Permute X p)) (= y (Permute x p)) (selw X x di lo hi n) (pmap Y di do)) ((selw Y y do lo hi n)))",
 )
@@ -429,38 +435,38 @@ _rule(
 # ---------------------------------------------------------------------------------------------
 _rule(
     "reduce-other-dim-keepdim",
-    "reduction",
+    "normalization",
     "reducing another dim (keepdim) keeps a selection",
     "(rule ((= Y (Red f X d 1)) (= y (Red f x d 1)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
 )
 _rule(
     "reduce-inner-dim",
-    "reduction",
+    "normalization",
     "reducing a dim to the right of the selection shifts it",
     "(rule ((= Y (Red f X d 0)) (= y (Red f x d 0)) (sel X x d2 R) (< d2 d)) ((sel Y y (+ d2 1) R)))",
 )
 _rule(
     "reduce-outer-dim",
-    "reduction",
+    "normalization",
     "reducing a dim to the left of the selection keeps it",
     "(rule ((= Y (Red f X d 0)) (= y (Red f x d 0)) (sel X x d2 R) (> d2 d)) ((sel Y y d2 R)))",
 )
 _rule(
     "sum-of-selection-is-partial",
-    "reduction",
+    "normalization",
     "summing one range of the reduced dim is a partial sum",
     '(rule ((= Y (Red "sum" X d k)) (= y (Red "sum" x d k)) (sel X x d (RCons s e (RNil))) (= K (sz X d))) '
     "((psum Y y s e K)))",
 )
 _rule(
     "softmax-other-dim",
-    "reduction",
+    "attention",
     "softmax over another dim keeps a selection",
     "(rule ((= Y (Softmax X d)) (= y (Softmax x d)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
 )
 _rule(
     "log-softmax-other-dim",
-    "reduction",
+    "attention",
     "log_softmax over another dim keeps a selection",
     "(rule ((= Y (LogSoftmax X d)) (= y (LogSoftmax x d)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
 )
@@ -470,65 +476,65 @@ _rule(
 # ---------------------------------------------------------------------------------------------
 _rule(
     "column-parallel-linear",
-    "contraction",
+    "matmul",
     "x @ W[R]^T = (x @ W^T)[..., R]",
     "(rule ((= Y (Linear X W)) (= y (Linear X w)) (sel W w -2 R)) ((sel Y y -1 R)))",
 )
 _rule(
     "row-parallel-linear",
-    "contraction",
+    "matmul",
     "x[..., s:e] @ W[:, s:e]^T is the contribution of input features [s, e) to x @ W^T",
     "(rule ((= Y (Linear X W)) (= y (Linear x w)) (sel X x -1 (RCons s e (RNil))) (sel W w -1 (RCons s e (RNil))) "
     "(= K (sz X -1))) ((psum Y y s e K)))",
 )
 _rule(
     "linear-leading-dim",
-    "contraction",
+    "matmul",
     "rows of x map to rows of x @ W^T",
     "(rule ((= Y (Linear X W)) (= y (Linear x W)) (sel X x d R) (< d -1)) ((sel Y y d R)))",
 )
 _rule(
     "matmul-batch",
-    "contraction",
+    "matmul",
     "batched matmul keeps a common batch selection",
     "(rule ((= Y (Matmul A B)) (= y (Matmul a b)) (sel A a d R) (sel B b d R) (< d -2)) ((sel Y y d R)))",
 )
 _rule(
     "matmul-rows",
-    "contraction",
+    "matmul",
     "rows of A map to rows of A @ B",
     "(rule ((= Y (Matmul A B)) (= y (Matmul a B)) (sel A a -2 R)) ((sel Y y -2 R)))",
 )
 _rule(
     "matmul-columns",
-    "contraction",
+    "matmul",
     "columns of B map to columns of A @ B",
     "(rule ((= Y (Matmul A B)) (= y (Matmul A b)) (sel B b -1 R)) ((sel Y y -1 R)))",
 )
 _rule(
     "matmul-contraction",
-    "contraction",
+    "matmul",
     "A[..., s:e] @ B[s:e, :] is a partial sum of A @ B",
     "(rule ((= Y (Matmul A B)) (= y (Matmul a b)) (sel A a -1 (RCons s e (RNil))) (sel B b -2 (RCons s e (RNil))) "
     "(= K (sz A -1))) ((psum Y y s e K)))",
 )
 _rule(
     "attention-heads",
-    "contraction",
+    "attention",
     "attention is independent per head and per batch row",
     "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d R) (sel K k d R) (sel V v d R) (< d -2)) "
     "((sel Z z d R)))",
 )
 _rule(
     "attention-key-window",
-    "contraction",
+    "attention",
     "a replicated key head serving the query heads [s, e) is the selection [s, e) of the repeated keys",
     "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d (RCons s e (RNil))) (selw K k d lo hi n) "
     "(= n (- e s)) (<= lo s) (<= s hi)) ((sel K k d (RCons s e (RNil)))))",
 )
 _rule(
     "attention-value-window",
-    "contraction",
+    "attention",
     "a replicated value head serving the query heads [s, e) is the selection [s, e) of the repeated values",
     "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d (RCons s e (RNil))) (selw V v d lo hi n) "
     "(= n (- e s)) (<= lo s) (<= s hi)) ((sel V v d (RCons s e (RNil)))))",
