@@ -631,6 +631,15 @@ class Localizer:
             return None
         k, ref_value, value = wrong[0]
         culprit_site, how = self.blame(rank, value)
+        if how.startswith("unsupported:") or aligned.op == "generic":
+            op = how.removeprefix("unsupported:") if how.startswith("unsupported:") else _describe_op(aligned)
+            return Unsupported(
+                reason="unsupported-op",
+                message=f"no rule relates {op} on rank {rank} to the reference; the check cannot follow the "
+                f"parallel computation past it",
+                op=op,
+                site=culprit_site or self.rank_site(aligned),
+            )
         expected_rels = self.index.relations(ref_value, rank)
         found_rels = self.index.relations_of_rank_value(rank, value)
         expected = f"input {k} of the {_describe_op(ref_node)} holds part of {self.ref_value_name(ref_value)}"
@@ -737,6 +746,8 @@ class Localizer:
         node = self.rank_node(rank, value)
         if node is None:
             return None, "unknown"
+        if node.op == "generic":
+            return self.rank_site(node), f"unsupported:{_describe_op(node)}"
         if node.op in ("slice", "cat", "view", "permute", "expand") and self._varies_across_ranks(rank, node):
             return self.rank_site(node, "this slice differs between ranks"), "rank-dependent-slice"
         unrelated_inputs = [

@@ -285,12 +285,6 @@ _rule(
     "(rule ((= C (Cat A B d2)) (= c (Cat a b d2)) (sel A a d R) (sel B b d R) (!= d d2)) ((sel C c d R)))",
 )
 _rule(
-    "concat-other-dim-left-broadcast",
-    "concat",
-    "concatenation along another dim, first piece replicated",
-    "(rule ((= C (Cat A B d2)) (= c (Cat A b d2)) (sel B b d R) (!= d d2) (= 1 (sz A d))) ((sel C c d R)))",
-)
-_rule(
     "view-keep",
     "layout",
     "a view that keeps a dim keeps its selection",

@@ -21,8 +21,6 @@ from typing import Any
 
 from .engine import Saturation, saturate
 
-_READY = "ready"
-
 
 def _limit_memory(megabytes: int) -> Any:
     def apply() -> None:
@@ -91,11 +89,14 @@ class _Child:
         if self.process.stderr is not None:
             with contextlib.suppress(Exception):
                 stderr = self.process.stderr.read()[-2000:]
+        out_of_memory = "memory allocation" in stderr or "MemoryError" in stderr
         if code is not None and code < 0:
             name = signal.Signals(-code).name
-            if name == "SIGABRT" or "memory allocation" in stderr:
+            if name == "SIGABRT" or out_of_memory:
                 return f"the saturation ran out of its {self.memory_mb} MiB memory limit ({name})"
             return f"the saturation process was killed by {name}"
+        if out_of_memory:
+            return f"the saturation ran out of its {self.memory_mb} MiB memory limit"
         return f"the saturation process exited with code {code}: {stderr.strip()[-500:]}"
 
 
