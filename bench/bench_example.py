@@ -30,8 +30,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {version('torch')}, "
-            f"egglog {version('egglog')}")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {version('torch')}, "
+        f"egglog {version('egglog')}"
+    )
 
 
 def main() -> int:
@@ -52,7 +54,7 @@ def main() -> int:
     rows: dict[int, dict[str, list[float]]] = {w: {} for w in args.world_sizes}
     verdicts: dict[int, str] = {}
     with Sandbox(check.bounds.memory_mb) as sandbox:
-        sandbox.saturate(["(let $warm (Leaf \"warm\"))"], 1, 10, 1000)  # start the child outside the timings
+        sandbox.saturate(['(let $warm (Leaf "warm"))'], 1, 10, 1000)  # start the child outside the timings
         for run in range(args.runs):
             capture = CheckCapture(check, project)
             start = time.perf_counter()
@@ -73,14 +75,18 @@ def main() -> int:
     base = med(rows[args.world_sizes[0]]["verify"])
     print(f"Machine: {machine()}. Median of {args.runs} runs.\n")
     print(f"Reference capture (once per check): {med(reference):.2f} s\n")
-    print("| world size | verdict | capture (all ranks) | capture per rank | verification | of which egglog "
-          "saturation | verification vs. world size 2 | e-graph rows | terms |")
+    print(
+        "| world size | verdict | capture (all ranks) | capture per rank | verification | of which egglog "
+        "saturation | verification vs. world size 2 | e-graph rows | terms |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for w in args.world_sizes:
         t = rows[w]
-        print(f"| {w} | {verdicts[w]} | {med(t['capture']):.2f} s | {med(t['capture']) / w:.2f} s | "
-              f"{med(t['verify']):.2f} s | {med(t['saturate']):.2f} s | {med(t['verify']) / base:.2f}x | "
-              f"{int(med(t['rows']))} | {int(med(t['terms']))} |")
+        print(
+            f"| {w} | {verdicts[w]} | {med(t['capture']):.2f} s | {med(t['capture']) / w:.2f} s | "
+            f"{med(t['verify']):.2f} s | {med(t['saturate']):.2f} s | {med(t['verify']) / base:.2f}x | "
+            f"{int(med(t['rows']))} | {int(med(t['terms']))} |"
+        )
     return 0
 
 

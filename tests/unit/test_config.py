@@ -71,7 +71,7 @@ def test_bad_values_are_reported_at_their_line(change, message, line) -> None:
 
 
 def test_missing_section() -> None:
-    with pytest.raises(ConfigError, match="no \\[tool.shardproof\\] section"):
+    with pytest.raises(ConfigError, match=r"no \[tool.shardproof\] section"):
         parse("[project]\nname = 'x'\n")
 
 

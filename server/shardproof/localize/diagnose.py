@@ -640,7 +640,6 @@ class Localizer:
                 op=op,
                 site=culprit_site or self.rank_site(aligned),
             )
-        expected_rels = self.index.relations(ref_value, rank)
         found_rels = self.index.relations_of_rank_value(rank, value)
         expected = f"input {k} of the {_describe_op(ref_node)} holds part of {self.ref_value_name(ref_value)}"
         found = (
