@@ -65,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="only this world size (repeatable; default: the declared ones)",
     )
+    verify.add_argument(
+        "--quick",
+        action="store_true",
+        help="verify each check's reduced `quick` configuration (what the editor runs on edits)",
+    )
     verify.add_argument("--json", action="store_true", help="print the results as JSON")
     verify.add_argument("--sarif", type=Path, metavar="FILE", help="also write SARIF 2.1.0 to FILE")
     return parser
@@ -88,6 +93,7 @@ def verify(args: argparse.Namespace) -> int:
     try:
         project: Project = load_project(args.project)
         checks = [project.check(name) for name in args.check] if args.check else list(project.checks)
+        checks = [c.for_mode("quick" if args.quick else "full") for c in checks]
     except ShardproofError as exc:
         return _emit_config_error(exc, args.json)
     if args.world_size and any(n < 1 for n in args.world_size):

@@ -20,6 +20,11 @@ outputs = "replicated"                         # optional: replicated | sharded 
 iterations = 200
 seconds = 120
 memory-mb = 8192
+
+[tool.shardproof.check.quick]                 # optional: what the editor verifies on every edit
+reference = "mymodel.model:build_small"        # e.g. fewer layers, smaller dimensions
+inputs = "mymodel.model:small_inputs"
+world-sizes = [2]
 ```
 
 Keys may be spelled with dashes or underscores. The CLI and the language server both read checks
@@ -28,6 +33,7 @@ through `load_project`.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -62,6 +68,11 @@ class Check:
     bounds: Bounds = field(default_factory=Bounds)
     line: int = 0  # line of the check's table in pyproject.toml
     key_lines: tuple[tuple[str, int], ...] = ()  # key -> line, for errors about one key
+    quick: Check | None = None  # the reduced configuration the editor verifies on every edit
+
+    def for_mode(self, mode: str) -> Check:
+        """`quick` (the editor's inline checks, when declared) or `full`."""
+        return self.quick if mode == "quick" and self.quick is not None else self
 
     def relation_override(self, parameter: str) -> tuple[str, str, int] | None:
         """(relation, reference parameter name, declaration line) for a rank parameter, if declared."""
@@ -253,7 +264,7 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
     except (TypeError, ValueError):
         raise ConfigError(f"check {name!r}: bounds must be numbers", site(key_line("bounds"))) from None
     key_lines = tuple((key, key_line(key)) for key in ("reference", "parallel", "inputs", "world_sizes", "outputs"))
-    return Check(
+    check = Check(
         key_lines=key_lines,
         name=name,
         reference=specs["reference"],
@@ -264,4 +275,35 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         parameters=tuple(parameters),
         bounds=bounds,
         line=line,
+    )
+    quick_raw = _key(raw, "quick")
+    if quick_raw is None:
+        return check
+    if not isinstance(quick_raw, dict):
+        raise ConfigError(f"check {name!r}: `quick` must be a table", site(key_line("quick")))
+    quick_line = key_line("quick")
+    changes: dict[str, Any] = {}
+    for key in ("reference", "parallel", "inputs"):
+        value = _key(quick_raw, key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not _SPEC.match(value):
+            raise ConfigError(
+                f'check {name!r}: quick `{key}` must be "package.module:function", got {value!r}', site(quick_line)
+            )
+        changes[key] = value
+    quick_sizes = _key(quick_raw, "world_sizes")
+    if quick_sizes is not None:
+        if (
+            not isinstance(quick_sizes, list)
+            or not quick_sizes
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in quick_sizes)
+        ):
+            raise ConfigError(
+                f"check {name!r}: quick `world-sizes` must be a list of positive integers", site(quick_line)
+            )
+        changes["world_sizes"] = tuple(quick_sizes)
+    quick_key_lines = tuple((key, quick_line) for key in changes)
+    return dataclasses.replace(
+        check, quick=dataclasses.replace(check, **changes, key_lines=quick_key_lines + check.key_lines)
     )

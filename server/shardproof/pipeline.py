@@ -37,7 +37,9 @@ def verify_check(
     world_sizes: list[int] | None = None,
     sandbox: Sandbox | None = None,
     progress: ProgressFn | None = None,
+    prepare: Callable[[object], None] | None = None,
 ) -> CheckResult:
+    """Verify `check` at each world size. `prepare` may adopt a cached reference capture."""
     from .capture.program import CheckCapture
 
     notify: ProgressFn = progress or (lambda *_: None)
@@ -45,14 +47,12 @@ def verify_check(
     sizes = world_sizes or list(check.world_sizes)
     own_sandbox = sandbox is None
     sandbox = sandbox or Sandbox(check.bounds.memory_mb)
+    capture: CheckCapture | None = None
     try:
         try:
             capture = CheckCapture(check, project, progress=lambda stage: notify(check.name, 0, stage))
-            capture.reference()
-        except ShardproofError as exc:
-            result.error = exc.to_dict()
-            return result
-        try:
+            if prepare is not None:
+                prepare(capture)
             capture.reference()
         except ShardproofError as exc:
             result.error = exc.to_dict()
@@ -62,6 +62,8 @@ def verify_check(
     finally:
         if own_sandbox:
             sandbox.close()
+        if capture is not None:
+            result.dependencies = sorted(capture.dependencies(capture.captured))
     return result
 
 
@@ -77,6 +79,7 @@ def verify_world_size(
     capture.progress = lambda stage: progress(check.name, world_size, stage)
     try:
         captured = capture.capture(world_size)
+        capture.captured.append(captured)
     except ShardproofError as exc:
         return WorldSizeResult(
             world_size,

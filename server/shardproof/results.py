@@ -45,6 +45,10 @@ class Site:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @staticmethod
+    def from_dict(data: dict[str, Any] | None) -> Site | None:
+        return None if data is None else Site(**data)
+
 
 @dataclass
 class Discrepancy:
@@ -71,6 +75,14 @@ class Discrepancy:
         data = asdict(self)
         return data
 
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Discrepancy:
+        values = dict(data)
+        values["primary"] = Site.from_dict(values.get("primary"))
+        values["reference"] = Site.from_dict(values.get("reference"))
+        values["related"] = [Site(**r) for r in values.get("related", [])]
+        return Discrepancy(**values)
+
 
 @dataclass
 class Unsupported:
@@ -83,6 +95,10 @@ class Unsupported:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Unsupported:
+        return Unsupported(data["reason"], data["message"], data.get("op", ""), Site.from_dict(data.get("site")))
 
 
 @dataclass
@@ -120,12 +136,27 @@ class WorldSizeResult:
             "stats": self.stats,
         }
 
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> WorldSizeResult:
+        return WorldSizeResult(
+            world_size=data["world_size"],
+            verdict=data["verdict"],
+            summary=data.get("summary", ""),
+            outputs=[OutputRelation(**o) for o in data.get("outputs", [])],
+            discrepancies=[Discrepancy.from_dict(d) for d in data.get("discrepancies", [])],
+            inconclusive=[Unsupported.from_dict(u) for u in data.get("inconclusive", [])],
+            error=data.get("error"),
+            seconds=data.get("seconds", {}),
+            stats=data.get("stats", {}),
+        )
+
 
 @dataclass
 class CheckResult:
     name: str
     results: list[WorldSizeResult] = field(default_factory=list)
     error: dict[str, Any] | None = None  # a failure before any world size ran (import, config)
+    dependencies: list[str] = field(default_factory=list)  # files that take part in the check
 
     @property
     def verdict(self) -> str:
@@ -143,7 +174,17 @@ class CheckResult:
             "verdict": self.verdict,
             "error": self.error,
             "world_sizes": [r.to_dict() for r in self.results],
+            "dependencies": self.dependencies,
         }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> CheckResult:
+        return CheckResult(
+            name=data["name"],
+            results=[WorldSizeResult.from_dict(r) for r in data.get("world_sizes", [])],
+            error=data.get("error"),
+            dependencies=list(data.get("dependencies", [])),
+        )
 
 
 def exit_code(checks: list[CheckResult]) -> int:

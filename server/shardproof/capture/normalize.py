@@ -523,6 +523,10 @@ class _Builder:
             return True
         return False
 
+    def op_copy_(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """Training IR: a collective's result written back into its buffer (see mutation_free)."""
+        return self.op_copy(fx, args, kwargs, meta)
+
     def op__to_copy(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         return self._cast(fx, self.value(args[0]), meta)
 
@@ -615,11 +619,15 @@ class _Builder:
         return True
 
     def op_cat(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
-        parts = [self.value(a) for a in args[0] if isinstance(a, torch.fx.Node)]
-        parts = [p for p in parts if math.prod(self.meta(p).shape) > 0]
+        every_part = [self.value(a) for a in args[0] if isinstance(a, torch.fx.Node)]
+        parts = [p for p in every_part if math.prod(self.meta(p).shape) > 0]
         dim = norm_dim(args[1] if len(args) > 1 else kwargs.get("dim", 0), meta.ndim)
-        if len(parts) == 1:
+        if not parts:
+            self.add(fx, "uninitialized", [], {}, meta)  # an empty tensor: no values to relate
+        elif len(parts) == 1 and self.meta(parts[0]).shape == meta.shape:
             self.alias[fx.name] = parts[0]
+        elif len(parts) == 1:
+            self.add(fx, "view", parts, {"shape": list(meta.shape)}, meta)
         else:
             self.add(fx, "cat", parts, {"dim": dim}, meta)
         return True

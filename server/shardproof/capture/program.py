@@ -86,6 +86,28 @@ def forget_project_modules(project: Project) -> None:
     importlib.invalidate_caches()
 
 
+def project_files(project: Project) -> set[str]:
+    """Source files of the user's project modules imported so far."""
+    roots = tuple(str(p) + "/" for p in project.python_path)
+    files = set()
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None) or ""
+        if file.startswith(roots) and "site-packages" not in file and file.endswith(".py"):
+            files.add(file)
+    return files
+
+
+def _expr_files(expr: Expr) -> set[str]:
+    from ..relations.expr import children
+
+    files = set()
+    if expr.site is not None:
+        files.update(f.file for f in expr.site.frames)
+    for child in children(expr):
+        files.update(_expr_files(child))
+    return files
+
+
 def load_callable(spec: str, role: str, check: Check, project: Project) -> Callable[..., Any]:
     module_name, _, attr_path = spec.partition(":")
     try:
@@ -98,7 +120,7 @@ def load_callable(spec: str, role: str, check: Check, project: Project) -> Calla
                 project.site(check.line_of(role)),
             ) from None
         raise user_code_error(exc, f"importing {module_name}") from None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any error in user code is reported at its line
         raise user_code_error(exc, f"importing {module_name}") from None
     target: Any = module
     for part in attr_path.split("."):
@@ -128,7 +150,7 @@ def _call_user(fn: Callable[..., Any], stage: str, *args: Any) -> Any:
         return fn(*args)
     except (ConfigError, UserCodeError):
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any error in user code is reported at its line
         raise user_code_error(exc, stage) from None
 
 
@@ -167,9 +189,50 @@ def _export(module: nn.Module, inputs: tuple[Any, ...], stage: str) -> torch.exp
             # torch warns about deprecated collectives and pytree internals while tracing user code
             warnings.simplefilter("ignore")
             program = torch.export.export(module, inputs, strict=False)
+            if mutation_free(program):
+                return program
             return program.run_decompositions(decomp_table={})
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a tracing failure is reported at the user line
         raise user_code_error(exc, stage) from None
+
+
+_COLLECTIVE_WAIT = "wait_tensor"
+
+
+def mutation_free(program: torch.export.ExportedProgram) -> bool:
+    """True when functionalisation would change nothing we read: the only in-place ops are the
+    copies that write a collective's result back into its own input buffer, that buffer is a
+    fresh value (not an input, not a view) and nothing aliases it or reads it after the write.
+
+    Then the graph is used as traced, skipping `run_decompositions` (about two thirds of the
+    capture time). Anything else is functionalised, so aliasing through views stays exact.
+    """
+    order = {node: i for i, node in enumerate(program.graph.nodes)}
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            continue
+        name = schema.name.split("::")[-1]
+        if name == "_assert_tensor_metadata":
+            continue
+        if name != "copy_" or len(node.args) < 2:
+            return False
+        destination, source = node.args[0], node.args[1]
+        if not isinstance(destination, torch.fx.Node) or destination.op != "call_function":
+            return False
+        if getattr(destination.target, "is_view", False) or not isinstance(source, torch.fx.Node):
+            return False
+        source_name = getattr(getattr(source.target, "_schema", None), "name", "")
+        if not source_name.endswith(_COLLECTIVE_WAIT):
+            return False
+        for user in destination.users:
+            if user is node:
+                continue
+            if getattr(user.target, "is_view", False) or order[user] > order[node]:
+                return False
+    return True
 
 
 @contextlib.contextmanager
@@ -214,11 +277,35 @@ class CheckCapture:
         self.project = project
         self.progress = progress or (lambda _msg: None)
         self._reference: ReferenceCapture | None = None
+        self.captured: list[CaptureResult] = []  # every world size captured so far (for dependencies)
         with import_roots(project.python_path):
             forget_project_modules(project)
             self.build_reference = load_callable(check.reference, "reference", check, project)
-            self.build_parallel = load_callable(check.parallel, "parallel", check, project)
             self.make_inputs = load_callable(check.inputs, "inputs", check, project)
+            # The project files the reference and its inputs import: a reference capture can be
+            # reused while these files are unchanged (the editor re-verifies after every edit).
+            self.reference_files = project_files(project)
+            self.build_parallel = load_callable(check.parallel, "parallel", check, project)
+
+    def adopt_reference(self, reference: ReferenceCapture) -> None:
+        """Reuse a reference captured from identical reference files."""
+        self._reference = reference
+
+    def cached_reference(self) -> ReferenceCapture | None:
+        return self._reference
+
+    def dependencies(self, captured: list[CaptureResult]) -> set[str]:
+        """Files that take part in the check: imported project files and every captured site."""
+        files = project_files(self.project)
+        graphs = [self._reference.graph] if self._reference else []
+        for result in captured:
+            graphs.extend(r.graph for r in result.ranks)
+            for rank in result.ranks:
+                for expr in rank.values.values():
+                    files.update(_expr_files(expr))
+        for graph in graphs:
+            files.update(graph.source_files)
+        return {f for f in files if not f.startswith("<")}
 
     def reference(self) -> ReferenceCapture:
         if self._reference is None:

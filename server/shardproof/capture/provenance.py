@@ -339,7 +339,7 @@ class ProvenanceTracker(TorchDispatchMode):
         out = func(*args, **kwargs)
         try:
             self._record(func, args, kwargs, out)
-        except Exception:
+        except Exception:  # noqa: BLE001 - provenance is best effort; unknown cases become Fresh
             for tensor in self._tensors(out):
                 with contextlib.suppress(Exception):
                     self._new(

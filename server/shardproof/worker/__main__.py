@@ -1,0 +1,5 @@
+"""`python -m shardproof.worker`."""
+
+from .main import main
+
+main()
