@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--json", action="store_true", help="print the results as JSON")
     verify.add_argument("--sarif", type=Path, metavar="FILE", help="also write SARIF 2.1.0 to FILE")
+    sub.add_parser("serve", help="run the language server over stdio (for editors)")
     return parser
 
 
@@ -138,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     if args.command == "verify":
         return verify(args)
+    if args.command == "serve":
+        from .server.main import main as serve
+
+        serve()
+        return 0
     return 2
 
 

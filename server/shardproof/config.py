@@ -281,7 +281,15 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         return check
     if not isinstance(quick_raw, dict):
         raise ConfigError(f"check {name!r}: `quick` must be a table", site(key_line("quick")))
-    quick_line = key_line("quick")
+    quick_line = _line_of(lines, "tool.shardproof.check.quick", line - 1)
+
+    def quick_key_line(key: str) -> int:
+        for spelling in (key, key.replace("_", "-")):
+            found = _line_of(lines, spelling, quick_line)
+            if found > quick_line and spelling in lines[found - 1]:
+                return found
+        return quick_line
+
     changes: dict[str, Any] = {}
     for key in ("reference", "parallel", "inputs"):
         value = _key(quick_raw, key)
@@ -289,7 +297,8 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
             continue
         if not isinstance(value, str) or not _SPEC.match(value):
             raise ConfigError(
-                f'check {name!r}: quick `{key}` must be "package.module:function", got {value!r}', site(quick_line)
+                f'check {name!r}: quick `{key}` must be "package.module:function", got {value!r}',
+                site(quick_key_line(key)),
             )
         changes[key] = value
     quick_sizes = _key(quick_raw, "world_sizes")
@@ -300,10 +309,11 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
             or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in quick_sizes)
         ):
             raise ConfigError(
-                f"check {name!r}: quick `world-sizes` must be a list of positive integers", site(quick_line)
+                f"check {name!r}: quick `world-sizes` must be a list of positive integers",
+                site(quick_key_line("world_sizes")),
             )
         changes["world_sizes"] = tuple(quick_sizes)
-    quick_key_lines = tuple((key, quick_line) for key in changes)
+    quick_key_lines = tuple((key, quick_key_line(key)) for key in changes)
     return dataclasses.replace(
-        check, quick=dataclasses.replace(check, **changes, key_lines=quick_key_lines + check.key_lines)
+        check, quick=dataclasses.replace(check, **changes, key_lines=check.key_lines + quick_key_lines)
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..graph.model import Frame, Graph, Node, Placeholder, SourceSite
 from ..relations import expr as px
@@ -347,9 +348,25 @@ class Localizer:
                     expected=f"rank {rank} holds {self.ref_value_name(ref_value)} in full (replicated)",
                     found=f"the all-reduce adds the {n} identical copies",
                     suggestion="remove the second all-reduce (the value was reduced already)",
-                    details={"topo": topo},
+                    details={"topo": topo, "fix": {"action": "unwrap", "title": "Remove the duplicate all-reduce"}},
                 )
         return None
+
+    def reduction_helper(self) -> str | None:
+        """The user's own all-reduce helper (`reduce_from_tp`), from the all-reduces that work."""
+        names: dict[str, int] = {}
+        for rank, graph in enumerate(self.ev.ranks):
+            for node in graph.nodes:
+                if node.op != "all_reduce" or node.site is None or node.site.innermost is None:
+                    continue
+                out_c = self.index.class_of(graph.name, node.id)
+                if out_c is None or not self.index.has_reference_member(out_c):
+                    continue
+                function = node.site.innermost.function
+                if function not in ("forward", "<module>") and len(node.site.frames) > 1:
+                    names[function] = names.get(function, 0) + 1
+            del rank
+        return max(names, key=lambda n: names[n]) if names else None
 
     def _correct_collective_lines(self, rank: int) -> set[Line]:
         """Innermost lines of all-reduces that do their job: a helper used correctly elsewhere."""
@@ -441,6 +458,7 @@ class Localizer:
                     expected=f"{parameter} added once, after the all-reduce",
                     found=f"{holds}, plus the full {parameter} on every rank",
                     suggestion=f"add {parameter} after the all-reduce (or add 1/world_size of it on every rank)",
+                    details=self._fix("move-out", f"Add {parameter} after the all-reduce"),
                 )
         kind = "missing-reduction" if consumer.op in ("binary",) else "partial-sum-into-nonlinear"
         producer_site = self.rank_site(producer, "the partial sum is produced here") if producer else None
@@ -472,7 +490,30 @@ class Localizer:
             expected=f"{what} in full on every rank (replicated), as input {position} of the {_describe_op(ref_node)}",
             found=holds,
             suggestion="all-reduce the partial sums (sum over the tensor-parallel group) before using them",
+            details={**self._fix("wrap", "Insert the missing all-reduce"), "holdings": self._holdings(ref_value)},
         )
+
+    def _fix(self, action: str, title: str) -> dict[str, Any]:
+        """A mechanical fix, offered when the code has a reduction helper to call."""
+        helper = self.reduction_helper()
+        if helper is None:
+            return {}
+        return {"fix": {"action": action, "function": helper, "title": f"{title} ({helper})"}}
+
+    def _holdings(self, ref_value: str) -> dict[str, str]:
+        """What every rank holds of a reference value, for explanations."""
+        shape = self._shape(ref_value)
+        node = self.ref_nodes.get(ref_value)
+        reduced = "input features" if node is not None and node.op in ("linear", "matmul") else "reduced indices"
+        out: dict[str, str] = {}
+        for rank in range(len(self.ev.ranks)):
+            relations = self.index.relations(ref_value, rank)
+            if relations:
+                rel = relations[0][0]
+                out[str(rank)] = "the full value" if rel.kind == "equal" else rel.describe(shape, reduced)
+            else:
+                out[str(rank)] = "nothing related"
+        return out
 
     def _share_of(self, rank: int, value: str, ref_node: Node) -> tuple[int, int, str] | None:
         """(num, den, reference value) when a rank value is num/den of a reference value."""

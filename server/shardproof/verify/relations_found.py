@@ -26,7 +26,7 @@ class Relation:
     hi: int = 0
     length: int = 0
 
-    def describe(self, shape: tuple[int, ...] | None = None) -> str:
+    def describe(self, shape: tuple[int, ...] | None = None, reduced: str = "reduced indices") -> str:
         if self.kind == "equal":
             return "the full value (replicated)"
         if self.kind == "sel":
@@ -39,7 +39,7 @@ class Relation:
                 f"{_dim_name(self.dim, shape)}"
             )
         if self.kind == "psum":
-            return f"a partial sum over [{self.start}:{self.end}] of the {self.total} reduced indices"
+            return f"a partial sum over [{self.start}:{self.end}] of the {self.total} {reduced}"
         if self.kind == "frac":
             return f"{self.num}/{self.den} of the value"
         return self.kind

@@ -1,0 +1,195 @@
+"""Verification results -> LSP diagnostics, per file. Translation only: ranges come from the
+source map (LibCST) on the text the user has, columns converted to UTF-16."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+
+from ..results import CheckResult, Discrepancy, Site, Unsupported
+from ..source_map import refine, utf16_column
+
+SOURCE = "shardproof"
+DOCS = "https://github.com/shardproof/shardproof"
+
+TextOf = Callable[[str], str | None]  # path -> the text the user has, or None
+
+
+def docs_uri(code: str) -> str:
+    return (
+        f"{DOCS}#discrepancy-kinds-{code}"
+        if not code.startswith(("user-", "config", "worker", "incon"))
+        else f"{DOCS}#command-line"
+    )
+
+
+def to_range(site: Site, text: str | None) -> types.Range:
+    if text is None:
+        line = max(site.line - 1, 0)
+        start = (site.column or 1) - 1
+        end = (site.end_column - 1) if site.end_column else start + 1
+        return types.Range(types.Position(line, start), types.Position(line, end))
+    span = refine(site, text)
+    lines = text.splitlines()
+
+    def position(line: int, column: int) -> types.Position:
+        line_text = lines[line - 1] if 0 < line <= len(lines) else ""
+        return types.Position(line - 1, utf16_column(line_text, column))
+
+    return types.Range(position(span.line, span.column), position(span.end_line, span.end_column))
+
+
+def location(site: Site, text_of: TextOf) -> types.Location:
+    return types.Location(uri=Path(site.file).as_uri(), range=to_range(site, text_of(site.file)))
+
+
+@dataclass
+class FileDiagnostic:
+    path: str
+    diagnostic: types.Diagnostic
+
+
+def _merge_world_sizes(result: CheckResult) -> list[tuple[Discrepancy, list[int]]]:
+    merged: dict[str, tuple[Discrepancy, list[int]]] = {}
+    for world in result.results:
+        for d in world.discrepancies:
+            key = f"{d.kind}|{d.primary.file if d.primary else ''}|{d.primary.line if d.primary else 0}"
+            if key in merged:
+                merged[key][1].append(world.world_size)
+            else:
+                merged[key] = (d, [world.world_size])
+    return list(merged.values())
+
+
+def for_check(result: CheckResult, mode: str, text_of: TextOf, pyproject: str, check_line: int) -> list[FileDiagnostic]:
+    out: list[FileDiagnostic] = []
+    for d, sizes in _merge_world_sizes(result):
+        if d.primary is None:
+            continue
+        related = []
+        if d.reference is not None:
+            related.append(
+                types.DiagnosticRelatedInformation(
+                    location(d.reference, text_of), "the reference computes this value here"
+                )
+            )
+        for site in d.related:
+            related.append(types.DiagnosticRelatedInformation(location(site, text_of), site.note or "related"))
+        where = "world size" if len(sizes) == 1 else "world sizes"
+        data: dict[str, Any] = {
+            "discrepancyId": d.id,
+            "check": result.name,
+            "worldSizes": sizes,
+            "mode": mode,
+            "kind": d.kind,
+        }
+        out.append(
+            FileDiagnostic(
+                d.primary.file,
+                types.Diagnostic(
+                    range=to_range(d.primary, text_of(d.primary.file)),
+                    message=f"{d.message} ({result.name}, {where} {', '.join(map(str, sizes))})",
+                    severity=types.DiagnosticSeverity.Error,
+                    code=d.kind,
+                    code_description=types.CodeDescription(href=docs_uri(d.kind)),
+                    source=SOURCE,
+                    related_information=related or None,
+                    data=data,
+                ),
+            )
+        )
+    for world in result.results:
+        for u in world.inconclusive:
+            out.append(_inconclusive(result.name, world.world_size, u, text_of, pyproject, check_line))
+        if world.error:
+            out.append(_error(result.name, world.error, text_of, pyproject, check_line, world.world_size))
+    if result.error:
+        out.append(_error(result.name, result.error, text_of, pyproject, check_line, None))
+    return out
+
+
+def _at_declaration(pyproject: str, line: int, text_of: TextOf) -> types.Range:
+    text = text_of(pyproject) or ""
+    lines = text.splitlines()
+    line_text = lines[line - 1] if 0 < line <= len(lines) else ""
+    return types.Range(
+        types.Position(max(line - 1, 0), 0), types.Position(max(line - 1, 0), utf16_column(line_text, len(line_text)))
+    )
+
+
+def _inconclusive(
+    check: str, world_size: int, u: Unsupported, text_of: TextOf, pyproject: str, check_line: int
+) -> FileDiagnostic:
+    message = f"inconclusive ({check}, world size {world_size}): {u.message}"
+    if u.site is not None:
+        path, range_ = u.site.file, to_range(u.site, text_of(u.site.file))
+    else:
+        path, range_ = pyproject, _at_declaration(pyproject, check_line, text_of)
+    return FileDiagnostic(
+        path,
+        types.Diagnostic(
+            range=range_,
+            message=message,
+            severity=types.DiagnosticSeverity.Warning,
+            code="inconclusive",
+            code_description=types.CodeDescription(href=docs_uri("inconclusive")),
+            source=SOURCE,
+            data={"check": check, "worldSizes": [world_size], "kind": "inconclusive", "op": u.op},
+        ),
+    )
+
+
+def _error(
+    check: str, error: dict[str, Any], text_of: TextOf, pyproject: str, check_line: int, world_size: int | None
+) -> FileDiagnostic:
+    site = error.get("site")
+    code = "config-error" if error.get("kind") == "ConfigError" else "user-code-error"
+    where = f", world size {world_size}" if world_size else ""
+    message = f"{error['message']} ({check}{where})"
+    if site is not None:
+        as_site = Site(
+            site["file"],
+            site["line"],
+            None if site.get("column") is None else site["column"] + 1,
+            site.get("end_line"),
+            None if site.get("end_column") is None else site["end_column"] + 1,
+        )
+        path, range_ = site["file"], to_range(as_site, text_of(site["file"]))
+    else:
+        path, range_ = pyproject, _at_declaration(pyproject, check_line, text_of)
+    return FileDiagnostic(
+        path,
+        types.Diagnostic(
+            range=range_,
+            message=message,
+            severity=types.DiagnosticSeverity.Error,
+            code=code,
+            code_description=types.CodeDescription(href=docs_uri(code)),
+            source=SOURCE,
+            data={"check": check, "kind": code},
+        ),
+    )
+
+
+def worker_problem(check: str, reason: str, pyproject: str, check_line: int, text_of: TextOf) -> FileDiagnostic:
+    return FileDiagnostic(
+        pyproject,
+        types.Diagnostic(
+            range=_at_declaration(pyproject, check_line, text_of),
+            message=f"{check}: not verified: {reason}; the worker was restarted and will retry on the next change",
+            severity=types.DiagnosticSeverity.Warning,
+            code="worker-failed",
+            code_description=types.CodeDescription(href=docs_uri("worker-failed")),
+            source=SOURCE,
+            data={"check": check, "kind": "worker-failed"},
+        ),
+    )
+
+
+def same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)

@@ -1,0 +1,483 @@
+"""The shardproof language server (pygls 2): squiggles while editing sharding code, "Explain
+discrepancy", quick fixes, and "Verify Full Model" with progress.
+
+The event loop never imports user code, torch or egglog: verification runs in the worker
+process (worker_client.py). This module keeps the state (declared checks, results, which files
+take part in which check), schedules re-verification (debounced on edits, immediately on save,
+superseded runs cancelled, stale results dropped) and turns results into diagnostics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import from_fs_path, to_fs_path
+
+from .. import __version__
+from ..config import Project, find_pyproject, parse_project
+from ..errors import ConfigError, ShardproofError
+from ..localize.explain import explain
+from ..results import CheckResult, Discrepancy
+from ..source_map import mechanical_fix
+from . import diagnostics as diag
+from .settings import Settings
+from .worker_client import JobCancelled, WorkerClient, WorkerFailure
+
+log = logging.getLogger("shardproof.server")
+
+WORKER_STATE = "shardproof/workerStateChanged"
+VERIFICATION_FINISHED = "shardproof/verificationFinished"
+VERIFICATION_STARTED = "shardproof/verificationStarted"
+CMD_VERIFY_FULL_MODEL = "shardproof.server.verifyFullModel"
+CMD_EXPLAIN = "shardproof.server.explainDiscrepancy"
+CLIENT_CMD_EXPLAIN = "shardproof.explainDiscrepancy"
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
+@dataclass
+class ProjectState:
+    """One workspace project: its pyproject.toml with a [tool.shardproof] section."""
+
+    pyproject: Path
+    project: Project | None = None
+    config_error: ShardproofError | None = None
+    results: dict[str, tuple[str, CheckResult]] = field(default_factory=dict)
+    dependencies: dict[str, set[str]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # check -> why the worker could not verify it
+
+    @property
+    def root(self) -> Path:
+        return self.pyproject.parent
+
+    def check_names(self) -> list[str]:
+        return [c.name for c in self.project.checks] if self.project else []
+
+    def check_line(self, name: str) -> int:
+        if self.project is not None:
+            for check in self.project.checks:
+                if check.name == name:
+                    return check.line
+        return 1
+
+    def contains(self, path: str) -> bool:
+        return _real(path).startswith(_real(str(self.root)) + os.sep) or _real(path) == _real(str(self.pyproject))
+
+
+class ShardproofLanguageServer(LanguageServer):
+    def __init__(self) -> None:
+        super().__init__("shardproof", __version__)
+        self.settings = Settings()
+        self.projects: list[ProjectState] = []
+        self.worker = WorkerClient(on_state=self._worker_state)
+        self.generation: dict[tuple[str, str], int] = {}
+        self.pending: dict[tuple[str, str], asyncio.Task[Any]] = {}
+        self.running: tuple[str, str] | None = None
+        self.published: set[str] = set()
+        self.background: set[asyncio.Task[Any]] = set()
+        self.full_model_running = False
+        self.folders: list[str] = []
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def spawn(self, coroutine: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coroutine)
+        self.background.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self.background.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("background task failed", exc_info=t.exception())
+
+        task.add_done_callback(done)
+        return task
+
+    def text_of(self, path: str) -> str | None:
+        """The text the user has: the open editor buffer, else the file on disk."""
+        uri = from_fs_path(path)
+        if uri is not None:
+            document = self.workspace.text_documents.get(uri)
+            if document is not None:
+                return document.source
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read()
+        except OSError:
+            return None
+
+    def overlay(self, state: ProjectState) -> dict[str, str]:
+        """Unsaved contents of the open documents of a project, for the worker."""
+        out = {}
+        for uri, document in self.workspace.text_documents.items():
+            path = to_fs_path(uri)
+            if path and state.contains(path):
+                out[path] = document.source
+        return out
+
+    def versions(self) -> dict[str, int | None]:
+        return {uri: doc.version for uri, doc in self.workspace.text_documents.items()}
+
+    def notify_client(self, method: str, params: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):
+            self.protocol.notify(method, params)
+
+    def message(self, kind: types.MessageType, text: str) -> None:
+        self.window_show_message(types.ShowMessageParams(type=kind, message=text))
+
+    def _worker_state(self, state: str, detail: str) -> None:
+        log.info("worker %s %s", state, detail)
+        self.notify_client(WORKER_STATE, {"state": state, "detail": detail})
+
+    # -- projects ---------------------------------------------------------------------------------------
+    def discover(self, folders: list[str]) -> None:
+        seen: set[str] = set()
+        for folder in folders:
+            pyproject = find_pyproject(Path(folder))
+            if pyproject is None or str(pyproject) in seen:
+                continue
+            text = self.text_of(str(pyproject)) or ""
+            if "tool.shardproof" not in text:
+                continue
+            seen.add(str(pyproject))
+            state = ProjectState(pyproject)
+            self.load(state)
+            self.projects.append(state)
+        log.info("projects: %s", [str(p.pyproject) for p in self.projects])
+
+    def load(self, state: ProjectState) -> None:
+        text = self.text_of(str(state.pyproject))
+        try:
+            if text is None:
+                raise ConfigError(f"cannot read {state.pyproject}")
+            state.project = parse_project(text, state.pyproject)
+            state.config_error = None
+        except ConfigError as exc:
+            state.project = None
+            state.config_error = exc
+            log.warning("declaration error: %s", exc.message)
+        names = set(state.check_names())
+        for table in (state.results, state.dependencies, state.failures):
+            for name in list(table):
+                if name not in names:
+                    del table[name]
+
+    def project_of(self, path: str) -> ProjectState | None:
+        matches = [p for p in self.projects if p.contains(path)]
+        return max(matches, key=lambda p: len(str(p.root)), default=None)
+
+    def affected(self, path: str) -> list[tuple[ProjectState, str]]:
+        """Checks that take part in `path` (all checks of its project while they are still unknown)."""
+        out = []
+        real = _real(path)
+        for state in self.projects:
+            for name in state.check_names():
+                deps = state.dependencies.get(name)
+                if deps is None:
+                    if state.contains(path):
+                        out.append((state, name))
+                elif real in deps:
+                    out.append((state, name))
+        return out
+
+    # -- scheduling --------------------------------------------------------------------------------------
+    def schedule(self, state: ProjectState, check: str, delay: float) -> None:
+        key = (str(state.pyproject), check)
+        self.generation[key] = self.generation.get(key, 0) + 1
+        generation = self.generation[key]
+        previous = self.pending.pop(key, None)
+        if previous is not None:
+            previous.cancel()
+        if self.running == key:
+            self.spawn(self.worker.cancel())  # a newer edit supersedes the running verification
+        self.pending[key] = self.spawn(self._verify_later(state, check, generation, delay))
+
+    def schedule_all(self, delay: float = 0.0) -> None:
+        for state in self.projects:
+            for name in state.check_names():
+                self.schedule(state, name, delay)
+
+    async def _verify_later(self, state: ProjectState, check: str, generation: int, delay: float) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await self.verify(state, check, "quick", generation)
+
+    async def verify(
+        self,
+        state: ProjectState,
+        check: str,
+        mode: str,
+        generation: int | None,
+        world_sizes: list[int] | None = None,
+        on_progress: Any = None,
+    ) -> CheckResult | None:
+        key = (str(state.pyproject), check)
+        if state.project is None:
+            return None
+        while self.running is not None and generation is not None:
+            await asyncio.sleep(0.05)  # one job at a time; the newest request for a check wins
+            if generation != self.generation.get(key):
+                return None
+        if generation is not None and generation != self.generation.get(key):
+            return None
+        versions = self.versions()
+        params = {
+            "pyproject": str(state.pyproject),
+            "check": check,
+            "mode": mode,
+            "world_sizes": world_sizes,
+            "overlay": self.overlay(state),
+        }
+        self.running = key
+        self.notify_client(VERIFICATION_STARTED, {"check": check, "mode": mode})
+        try:
+            reply = await self.worker.run("verify", params, self.settings.worker_timeout_seconds, on_progress)
+        except JobCancelled:
+            log.info("verification of %s (%s) cancelled", check, mode)
+            return None
+        except WorkerFailure as failure:
+            state.failures[check] = failure.reason
+            self.message(types.MessageType.Warning, f"shardproof: {check}: {failure.reason}; the worker was restarted")
+            self.publish()
+            return None
+        finally:
+            self.running = None
+        result = CheckResult.from_dict(reply["result"])
+        if generation is not None and generation != self.generation.get(key):
+            log.info("dropping a stale result for %s", check)
+            return None
+        changed = {uri for uri, version in self.versions().items() if versions.get(uri) != version}
+        deps = {_real(p) for p in result.dependencies} | {_real(str(state.pyproject))}
+        if generation is not None and any(_real(to_fs_path(uri) or "") in deps for uri in changed):
+            log.info("dropping a result for %s: a file changed while it ran", check)
+            return None
+        if result.error is not None or any(r.error for r in result.results):
+            # A run that failed early saw fewer files: keep the ones we knew, and the failing file.
+            deps |= state.dependencies.get(check, set())
+            for error in [result.error, *[r.error for r in result.results]]:
+                if error and error.get("site"):
+                    deps.add(_real(error["site"]["file"]))
+        state.failures.pop(check, None)
+        state.results[check] = (mode, result)
+        state.dependencies[check] = deps
+        self.publish()
+        self.notify_client(VERIFICATION_FINISHED, self.summary_of(result, mode))
+        return result
+
+    @staticmethod
+    def summary_of(result: CheckResult, mode: str) -> dict[str, Any]:
+        return {
+            "check": result.name,
+            "mode": mode,
+            "verdict": result.verdict,
+            "worldSizes": [
+                {"worldSize": r.world_size, "verdict": r.verdict, "summary": r.summary} for r in result.results
+            ],
+            "discrepancies": sum(len(r.discrepancies) for r in result.results),
+            "error": result.error["message"] if result.error else None,
+        }
+
+    # -- diagnostics ------------------------------------------------------------------------------------
+    def publish(self) -> None:
+        by_file: dict[str, list[types.Diagnostic]] = {}
+        for state in self.projects:
+            pyproject = str(state.pyproject)
+            by_file.setdefault(_real(pyproject), [])
+            if state.config_error is not None:
+                error = state.config_error
+                site = {"file": error.site.file, "line": error.site.line} if error.site else None
+                fd = diag._error(
+                    "[tool.shardproof]",
+                    {"message": error.message, "site": site, "kind": "ConfigError"},
+                    self.text_of,
+                    pyproject,
+                    1,
+                    None,
+                )
+                by_file.setdefault(_real(fd.path), []).append(fd.diagnostic)
+                continue  # results of the previous declaration no longer apply
+            for name, (mode, result) in state.results.items():
+                for path in state.dependencies.get(name, set()):
+                    by_file.setdefault(_real(path), [])
+                for fd in diag.for_check(result, mode, self.text_of, pyproject, state.check_line(name)):
+                    by_file.setdefault(_real(fd.path), []).append(fd.diagnostic)
+            for name, reason in state.failures.items():
+                fd = diag.worker_problem(name, reason, pyproject, state.check_line(name), self.text_of)
+                by_file.setdefault(_real(fd.path), []).append(fd.diagnostic)
+        uris: set[str] = set()
+        for path, found in by_file.items():
+            uri = from_fs_path(path)
+            if uri is None:
+                continue
+            uris.add(uri)
+            document = self.workspace.text_documents.get(uri)
+            self.text_document_publish_diagnostics(
+                types.PublishDiagnosticsParams(
+                    uri=uri, diagnostics=found, version=document.version if document else None
+                )
+            )
+        for uri in self.published - uris:
+            self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+        self.published = uris
+
+    def find_discrepancy(self, data: Any) -> tuple[ProjectState, str, Discrepancy, list[int]] | None:
+        if not isinstance(data, dict):
+            return None
+        wanted = data.get("discrepancyId")
+        for state in self.projects:
+            for name, (_, result) in state.results.items():
+                sizes = [r.world_size for r in result.results if any(d.id == wanted for d in r.discrepancies)]
+                for r in result.results:
+                    for d in r.discrepancies:
+                        if d.id == wanted:
+                            return state, name, d, sizes
+        return None
+
+    def explanation(self, data: Any) -> dict[str, Any] | None:
+        found = self.find_discrepancy(data)
+        if found is None:
+            return None
+        state, name, d, sizes = found
+        return {
+            "discrepancyId": d.id,
+            "check": name,
+            "worldSizes": sizes,
+            "kind": d.kind,
+            "markdown": explain(d, name, sizes, state.root),
+        }
+
+    def code_actions(self, params: types.CodeActionParams) -> list[types.CodeAction]:
+        actions: list[types.CodeAction] = []
+        for diagnostic in params.context.diagnostics:
+            if diagnostic.source != diag.SOURCE:
+                continue
+            explanation = self.explanation(diagnostic.data)
+            found = self.find_discrepancy(diagnostic.data)
+            if explanation is None or found is None:
+                continue
+            actions.append(
+                types.CodeAction(
+                    title="Explain discrepancy",
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=[diagnostic],
+                    command=types.Command(
+                        title="Explain discrepancy", command=CLIENT_CMD_EXPLAIN, arguments=[explanation]
+                    ),
+                )
+            )
+            d = found[2]
+            text = self.text_of(d.primary.file) if d.primary else None
+            edits = mechanical_fix(d, text) if text is not None else None
+            if edits and d.primary is not None:
+                uri = Path(d.primary.file).as_uri()
+                lines = text.splitlines() if text else []
+                text_edits = [types.TextEdit(range=_span_range(e.span, lines), new_text=e.new_text) for e in edits]
+                fix = d.details.get("fix", {})
+                actions.append(
+                    types.CodeAction(
+                        title=str(fix.get("title", "Fix")),
+                        kind=types.CodeActionKind.QuickFix,
+                        diagnostics=[diagnostic],
+                        is_preferred=True,
+                        edit=types.WorkspaceEdit(changes={uri: text_edits}),
+                    )
+                )
+        return actions
+
+    # -- full model ---------------------------------------------------------------------------------------
+    async def verify_full_model(self) -> dict[str, Any]:
+        token = str(uuid.uuid4())
+        progress = self.work_done_progress
+        with contextlib.suppress(Exception):
+            await progress.create_async(token)
+        checks = [(s, c) for s in self.projects for c in (s.project.checks if s.project else [])]
+        units = {(str(s.pyproject), c.name): 1 + 4 * len(c.world_sizes) for s, c in checks}
+        total = max(sum(units.values()), 1)
+        finished = 0
+        progress.begin(
+            token,
+            types.WorkDoneProgressBegin(
+                title="shardproof: Verify Full Model", cancellable=True, percentage=0, message=f"{len(checks)} checks"
+            ),
+        )
+        summary: list[dict[str, Any]] = []
+        cancelled = False
+        self.full_model_running = True
+        try:
+            for state, check in checks:
+                if _cancelled(progress, token):
+                    cancelled = True
+                    break
+                key = (str(state.pyproject), check.name)
+
+                def on_progress(event: dict[str, Any], base: int = finished, check_name: str = check.name) -> None:
+                    if _cancelled(progress, token):
+                        self.spawn(self.worker.cancel())
+                        return
+                    done = base + int(event.get("done", 0))
+                    where = f", world size {event['world_size']}" if event.get("world_size") else ""
+                    progress.report(
+                        token,
+                        types.WorkDoneProgressReport(
+                            message=f"{check_name}{where}: {event.get('stage', '')}",
+                            percentage=min(99, int(100 * done / total)),
+                        ),
+                    )
+
+                while self.running is not None:
+                    await asyncio.sleep(0.05)
+                pending = self.pending.pop(key, None)
+                if pending is not None:
+                    pending.cancel()
+                result = await self.verify(state, check.name, "full", None, None, on_progress)
+                finished += units[key]
+                if result is None:
+                    if _cancelled(progress, token):
+                        cancelled = True
+                        break
+                    summary.append(
+                        {
+                            "check": check.name,
+                            "verdict": "error",
+                            "error": state.failures.get(check.name, "not verified"),
+                        }
+                    )
+                    continue
+                summary.append(self.summary_of(result, "full"))
+        finally:
+            self.full_model_running = False
+            message = "cancelled" if cancelled else "done"
+            progress.end(token, types.WorkDoneProgressEnd(message=message))
+        verdicts = [s["verdict"] for s in summary]
+        return {
+            "cancelled": cancelled,
+            "checks": summary,
+            "verified": verdicts.count("verified"),
+            "discrepancy": verdicts.count("discrepancy"),
+            "inconclusive": verdicts.count("inconclusive"),
+            "error": verdicts.count("error"),
+        }
+
+
+def _cancelled(progress: Any, token: str) -> bool:
+    future = progress.tokens.get(token)
+    return bool(future is not None and future.cancelled())
+
+
+def _span_range(span: Any, lines: list[str]) -> types.Range:
+    from ..source_map import utf16_column
+
+    def position(line: int, column: int) -> types.Position:
+        text = lines[line - 1] if 0 < line <= len(lines) else ""
+        return types.Position(line - 1, utf16_column(text, column))
+
+    return types.Range(position(span.line, span.column), position(span.end_line, span.end_column))

@@ -1,0 +1,59 @@
+"""Server settings, from `initializationOptions` or `workspace/didChangeConfiguration` (camelCase on
+the wire, snake_case here). Bad values fall back to the defaults with a warning."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("shardproof.server")
+
+RUN_MODES = ("onType", "onSave")
+
+
+@dataclass(frozen=True)
+class Settings:
+    run: str = "onType"  # re-verify on every edit (debounced) or only on save
+    debounce_ms: int = 600
+    worker_timeout_seconds: float = 300.0
+    log_level: str = "info"
+
+    @staticmethod
+    def from_options(options: Any, base: Settings | None = None) -> tuple[Settings, list[str]]:
+        """Settings from client options; returns the settings and the problems found."""
+        base = base or Settings()
+        if not isinstance(options, dict):
+            return base, []
+        if isinstance(options.get("shardproof"), dict):
+            options = options["shardproof"]
+        problems: list[str] = []
+        changes: dict[str, Any] = {}
+        run = options.get("run")
+        if run is not None:
+            if run in RUN_MODES:
+                changes["run"] = run
+            else:
+                problems.append(f"shardproof.run must be one of {', '.join(RUN_MODES)}, got {run!r}")
+        for key, field_name, cast in (
+            ("debounceMs", "debounce_ms", int),
+            ("workerTimeoutSeconds", "worker_timeout_seconds", float),
+        ):
+            value = options.get(key)
+            if value is None:
+                continue
+            try:
+                number = cast(value)
+                if number < 0:
+                    raise ValueError
+                changes[field_name] = number
+            except (TypeError, ValueError):
+                problems.append(f"shardproof.{key} must be a non-negative number, got {value!r}")
+        level = options.get("logLevel")
+        if level is not None:
+            if str(level).lower() in ("error", "warning", "info", "debug", "trace", "off"):
+                changes["log_level"] = str(level).lower()
+            else:
+                problems.append(f"shardproof.logLevel must be error, warning, info, debug or off, got {level!r}")
+        return dataclasses.replace(base, **changes), problems

@@ -1,0 +1,239 @@
+"""The server's side of the worker: spawn it with this interpreter, send jobs, follow progress,
+cancel, and replace it when it crashes, runs out of memory or exceeds its time limit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..worker.protocol import decode, encode
+
+log = logging.getLogger("shardproof.server")
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+StateCallback = Callable[[str, str], None]  # (state, detail)
+
+CANCEL_GRACE_SECONDS = 3.0
+
+
+class WorkerFailure(RuntimeError):
+    """The worker died or timed out while running a job; `reason` is for the user."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class JobCancelled(Exception):
+    pass
+
+
+@dataclass
+class _Job:
+    id: int
+    future: asyncio.Future[dict[str, Any]]
+    on_progress: ProgressCallback | None
+    cancelled: bool = False
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class WorkerClient:
+    def __init__(self, on_state: StateCallback | None = None, env: dict[str, str] | None = None) -> None:
+        self.on_state = on_state or (lambda state, detail: None)
+        self.env = env
+        self.process: asyncio.subprocess.Process | None = None
+        self.info: dict[str, Any] = {}
+        self._job: _Job | None = None
+        self._next_id = 0
+        self._reader: asyncio.Task[None] | None = None
+        self._stderr: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[dict[str, Any]] | None = None
+        self._lock = asyncio.Lock()
+        self._stopping = False
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            return
+        self.on_state("starting", "")
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "shardproof.worker",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+            limit=64 * 1024 * 1024,
+        )
+        self._reader = asyncio.create_task(self._read(self.process))
+        self._stderr = asyncio.create_task(self._forward_stderr(self.process))
+        self.info = await asyncio.wait_for(self._ready, timeout=120)
+        log.info(
+            "worker %s ready: python %s, %s", self.info.get("pid"), self.info.get("python"), self.info.get("versions")
+        )
+        self.on_state("ready", f"pid {self.info.get('pid')}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        process = self.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(Exception):
+                assert process.stdin is not None
+                process.stdin.write(encode({"method": "shutdown"}).encode())
+                await process.stdin.drain()
+            try:
+                await asyncio.wait_for(process.wait(), timeout=5)
+            except TimeoutError:
+                self._kill(process)
+        self.process = None
+        self._stopping = False
+
+    def _kill(self, process: asyncio.subprocess.Process) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+    async def restart(self, reason: str) -> None:
+        log.warning("restarting the worker: %s", reason)
+        self.on_state("restarting", reason)
+        process = self.process
+        if process is not None and process.returncode is None:
+            self._kill(process)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(process.wait(), timeout=5)
+        self.process = None
+        await self.start()
+
+    # -- jobs ----------------------------------------------------------------------------------------
+    async def run(
+        self, method: str, params: dict[str, Any], timeout: float, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        """Run one job; raises JobCancelled or WorkerFailure (after restarting the worker)."""
+        async with self._lock:
+            await self.start()
+            assert self.process is not None and self.process.stdin is not None
+            self._next_id += 1
+            job = _Job(self._next_id, asyncio.get_running_loop().create_future(), on_progress)
+            self._job = job
+            self.on_state("busy", params.get("check", ""))
+            try:
+                self.process.stdin.write(encode({"id": job.id, "method": method, "params": params}).encode())
+                await self.process.stdin.drain()
+                return await asyncio.wait_for(asyncio.shield(job.future), timeout=timeout or None)
+            except TimeoutError:
+                await self.restart(f"a verification exceeded the worker timeout ({timeout:.0f} s)")
+                raise WorkerFailure(f"verification took longer than {timeout:.0f} s and was stopped") from None
+            except (BrokenPipeError, ConnectionResetError):
+                reason = await self._death_reason()
+                await self.restart(reason)
+                raise WorkerFailure(reason) from None
+            except WorkerFailure as failure:
+                if self.process is None or self.process.returncode is not None:
+                    await self.restart(failure.reason)
+                raise
+            finally:
+                self._job = None
+                if self.process is not None and self.process.returncode is None:
+                    self.on_state("idle", f"pid {self.info.get('pid')}")
+
+    async def cancel(self) -> None:
+        """Stop the running job: ask the worker, then kill and replace it if it does not stop promptly."""
+        job = self._job
+        if job is None or job.future.done():
+            return
+        job.cancelled = True
+        process = self.process
+        if process is None or process.stdin is None:
+            return
+        with contextlib.suppress(Exception):
+            process.stdin.write(encode({"id": job.id, "method": "cancel"}).encode())
+            await process.stdin.drain()
+        with contextlib.suppress(TimeoutError, JobCancelled, WorkerFailure):
+            await asyncio.wait_for(asyncio.shield(job.future), timeout=CANCEL_GRACE_SECONDS)
+        if not job.future.done():
+            job.future.set_exception(JobCancelled())
+            await self.restart("a cancelled verification did not stop promptly")
+
+    def kill_for_test(self) -> None:
+        if self.process is not None:
+            self._kill(self.process)
+
+    # -- reading -------------------------------------------------------------------------------------
+    async def _read(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        while True:
+            try:
+                line = await process.stdout.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                log.error("a worker message exceeded the size limit")
+                continue
+            if not line:
+                break
+            try:
+                message = decode(line.decode("utf-8"))
+            except ValueError:
+                log.error("malformed worker message: %r", line[:200])
+                continue
+            self._dispatch(message)
+        await process.wait()
+        if process is self.process and not self._stopping:
+            reason = await self._death_reason()
+            job = self._job
+            if job is not None and not job.future.done():
+                job.future.set_exception(WorkerFailure(reason))
+            self.on_state("crashed", reason)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(WorkerFailure(await self._death_reason()))
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        event = message.get("event")
+        if event == "ready":
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(message)
+            return
+        job = self._job
+        if job is None or message.get("id") != job.id or job.future.done():
+            return
+        if event == "progress":
+            if job.on_progress is not None:
+                job.on_progress(message)
+        elif event == "result":
+            job.future.set_result(message)
+        elif event == "cancelled":
+            job.future.set_exception(JobCancelled())
+        elif event == "failed":
+            job.future.set_exception(WorkerFailure(f"the worker failed: {message.get('message')}"))
+
+    async def _forward_stderr(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stderr is not None
+        while True:
+            line = await process.stderr.readline()
+            if not line:
+                return
+            log.info("worker: %s", line.decode("utf-8", "replace").rstrip())
+
+    async def _death_reason(self) -> str:
+        process = self.process
+        if process is None:
+            return "the worker stopped"
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(process.wait(), timeout=5)
+        code = process.returncode
+        if code is None:
+            return "the worker stopped responding"
+        if code < 0:
+            name = signal.Signals(-code).name
+            if name == "SIGKILL":
+                return "the worker was killed (SIGKILL: out of memory, or stopped by the system)"
+            return f"the worker crashed ({name})"
+        return f"the worker exited with code {code}"

@@ -1,0 +1,39 @@
+"""Squiggles where the fix belongs, cleared when the code is fixed."""
+
+from __future__ import annotations
+
+import pytest
+from lsp_helpers import diagnostics_of, open_document, replace_document, wait_for, workspace_fixture
+from lsprotocol import types
+
+pytestmark = pytest.mark.slow
+
+missing = workspace_fixture("missing", "missing-all-reduce")
+
+
+async def test_buggy_file_gets_a_diagnostic_at_the_mistake_and_loses_it_when_fixed(missing) -> None:
+    import bug_variants
+
+    client = missing
+    root = client.root
+    bug = bug_variants.variant("missing-all-reduce")
+    tp = root / bug.file
+    line = bug.line_number(root)
+    open_document(client, tp)
+    found = await wait_for(lambda: [d for d in diagnostics_of(client, tp) if d.code == "missing-reduction"])
+    (d,) = found
+    assert d.source == "shardproof"
+    assert d.severity == types.DiagnosticSeverity.Error
+    assert d.range.start.line == line - 1
+    text_line = tp.read_text().splitlines()[line - 1]
+    assert text_line[d.range.start.character : d.range.end.character] == "F.linear(x, self.weight)"
+    assert d.code_description is not None and d.code_description.href.endswith("#discrepancy-kinds-missing-reduction")
+    assert d.data["discrepancyId"] and d.data["check"] == "llama-tp-missing-all-reduce"
+    related = d.related_information or []
+    assert any(r.location.uri.endswith("llama_example/model.py") for r in related)
+    # model.py takes part in the check: it gets (empty) diagnostics although it is not open.
+    assert (root / "llama_example/model.py").as_uri() in client.diagnostics
+
+    fixed = tp.read_text().replace(bug.buggy, bug.original)
+    replace_document(client, tp, fixed, 2)
+    await wait_for(lambda: tp.as_uri() in client.diagnostics and not diagnostics_of(client, tp))
