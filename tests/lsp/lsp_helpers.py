@@ -16,7 +16,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 SERVER = [sys.executable, "-m", "shardproof.server"]
 
 
-def workspace_fixture(name: str, variant: str | None, options: dict | None = None):
+def workspace_fixture(name: str, variant: str | None, options: dict | None = None, extra: dict | None = None):
     """A pytest-lsp client fixture on a fresh copy of the example (optionally with a bug)."""
 
     @pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER))
@@ -31,6 +31,9 @@ def workspace_fixture(name: str, variant: str | None, options: dict | None = Non
             shutil.copy(bug_variants.HERE / "pyproject.toml", root / "pyproject.toml")
         else:
             bug_variants.materialize(bug_variants.variant(variant), root)
+        for relative, text in (extra or {}).items():
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / relative).write_text(text)
         lsp_client.root = root  # type: ignore[attr-defined]
         registrations: list[types.RegistrationParams] = []
         lsp_client.registrations = registrations  # type: ignore[attr-defined]

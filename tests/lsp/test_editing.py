@@ -228,7 +228,12 @@ async def test_bad_input_gives_diagnostics_and_the_server_keeps_serving(example)
     )
     assert len(diagnostics_of(client, pyproject)) == 1
     assert found[0].range.start.line == line_of(declaration, "world-sizes = [2, 4, 8]")
-    replace_document(client, pyproject, declaration, 4)
+    replace_document(client, pyproject, declaration.split("[tool.shardproof]")[0], 4)
+    found = await wait_for(
+        lambda: [d for d in diagnostics_of(client, pyproject) if "no [tool.shardproof]" in d.message], client=client
+    )
+    assert found[0].range.start.line == 0
+    replace_document(client, pyproject, declaration, 5)
     await wait_for(
         lambda: not diagnostics_of(client, pyproject) and _finished(client)[-1]["verdict"] == "verified", client=client
     )

@@ -54,6 +54,11 @@ def register(server: ShardproofLanguageServer) -> None:
         ls.publish()
         if not ls.projects:
             log.info("no [tool.shardproof] declaration in the workspace")
+            ls.message(
+                types.MessageType.Info,
+                "shardproof: no pyproject.toml with a [tool.shardproof] declaration "
+                "in this workspace; nothing to verify",
+            )
             return
         await _watch_files(ls)
         ls.schedule_all()

@@ -76,7 +76,7 @@ class WorkerClient:
             start_new_session=True,
             limit=64 * 1024 * 1024,
         )
-        self._reader = asyncio.create_task(self._read(self.process))
+        self._reader = asyncio.create_task(self._read(self.process, self._ready))
         self._stderr = asyncio.create_task(self._forward_stderr(self.process))
         self.info = await asyncio.wait_for(self._ready, timeout=120)
         log.info(
@@ -131,8 +131,8 @@ class WorkerClient:
                 await self.process.stdin.drain()
                 return await asyncio.wait_for(asyncio.shield(job.future), timeout=timeout or None)
             except TimeoutError:
-                await self.restart(f"a verification exceeded the worker timeout ({timeout:.0f} s)")
-                raise WorkerFailure(f"verification took longer than {timeout:.0f} s and was stopped") from None
+                await self.restart(f"a verification exceeded the worker timeout ({timeout:g} s)")
+                raise WorkerFailure(f"verification took longer than {timeout:g} s and was stopped") from None
             except (BrokenPipeError, ConnectionResetError):
                 reason = await self._death_reason()
                 await self.restart(reason)
@@ -169,7 +169,7 @@ class WorkerClient:
             self._kill(self.process)
 
     # -- reading -------------------------------------------------------------------------------------
-    async def _read(self, process: asyncio.subprocess.Process) -> None:
+    async def _read(self, process: asyncio.subprocess.Process, ready: asyncio.Future[dict[str, Any]]) -> None:
         assert process.stdout is not None
         while True:
             try:
@@ -184,7 +184,7 @@ class WorkerClient:
             except ValueError:
                 log.error("malformed worker message: %r", line[:200])
                 continue
-            self._dispatch(message)
+            self._dispatch(message, ready)
         await process.wait()
         if process is self.process and not self._stopping:
             reason = await self._death_reason()
@@ -192,14 +192,14 @@ class WorkerClient:
             if job is not None and not job.future.done():
                 job.future.set_exception(WorkerFailure(reason))
             self.on_state("crashed", reason)
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(WorkerFailure(await self._death_reason()))
+        if not ready.done():  # this process died before saying it was ready
+            ready.set_exception(WorkerFailure(f"the worker exited during start-up (code {process.returncode})"))
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
+    def _dispatch(self, message: dict[str, Any], ready: asyncio.Future[dict[str, Any]]) -> None:
         event = message.get("event")
         if event == "ready":
-            if self._ready is not None and not self._ready.done():
-                self._ready.set_result(message)
+            if not ready.done():
+                ready.set_result(message)
             return
         job = self._job
         if job is None or message.get("id") != job.id or job.future.done():
