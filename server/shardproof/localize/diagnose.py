@@ -30,7 +30,7 @@ from ..relations import expr as px
 from ..results import Discrepancy, Site, Unsupported
 from ..verify.encode import CollectiveIssue
 from ..verify.relations_found import Relation, RelationIndex
-from .sites import Line, line_of, pick_frame, reference_lines, to_site
+from .sites import Line, line_of, pick_frame, reference_lines, short, to_site
 
 _LINEAR_OPS = {
     ("binary", "add"),
@@ -43,6 +43,12 @@ _LINEAR_OPS = {
     ("slice", None),
     ("cat", None),
     ("expand", None),
+}
+_ROLES = {
+    "sdpa": ["query", "key", "value", "mask"],
+    "linear": ["input", "weight"],
+    "matmul": ["left", "right"],
+    "embedding": ["weight", "ids"],
 }
 _SUPPORTED = {
     "slice",
@@ -171,15 +177,122 @@ class Localizer:
             self.embedding_mask,
             self.mismatch,
         ]
+        found: Discrepancy | Unsupported | None = None
         for detector in detectors:
             found = detector(node, rank)
             if found is not None:
-                if isinstance(found, Discrepancy):
-                    found.ranks = found.ranks or ranks
-                return found
-        return self.not_equivalent(node, rank, ranks)
+                break
+        if found is None:
+            found = self.not_equivalent(node, rank, ranks)
+        if isinstance(found, Discrepancy):
+            found.ranks = found.ranks or ranks
+            found.details.setdefault("neighbourhood", self.neighbourhood(node, rank, found))
+        return found
 
-    # -- the broken frontier ----------------------------------------------------------------------------
+    # -- pictures ------------------------------------------------------------------------------------
+    def _label(self, rels: list[Relation], ref_value: str) -> str:
+        if not rels:
+            return "no relation"
+        rel = rels[0]
+        shape = self._shape(ref_value)
+        if rel.kind == "equal":
+            return "replicated"
+        if rel.kind == "sel":
+            spans = ", ".join(f"[{s}:{e}]" for s, e in rel.ranges)
+            dim = len(shape) + rel.dim if shape else rel.dim
+            return f"slice {spans} of dim {dim}"
+        if rel.kind == "psum":
+            return f"partial sum [{rel.start}:{rel.end}] of {rel.total}"
+        if rel.kind == "selw":
+            dim = len(shape) + rel.dim if shape else rel.dim
+            return f"replicated [{rel.lo}:{rel.hi + rel.length}] of dim {dim}"
+        return f"{rel.num}/{rel.den} share"
+
+    def _ref_row(self, value: str, broken: bool = False) -> dict[str, Any]:
+        node = self.ref_nodes.get(value)
+        if node is None:
+            target = self.ref_placeholders[value].target if value in self.ref_placeholders else value
+            return {
+                "label": target.split(".")[-2] + "." + target.split(".")[-1] if "." in target else target,
+                "site": "parameter" if value in self.ref_placeholders else "",
+                "broken": broken,
+            }
+        frame = node.site.innermost if node.site else None
+        return {
+            "label": _describe_op(node),
+            "site": short(frame) if frame else "",
+            "broken": broken,
+            "collective": node.collective is not None,
+        }
+
+    def _rank_row(self, rank: int, value: str, broken: bool = False) -> dict[str, Any]:
+        node = self.rank_node(rank, value)
+        if node is None:
+            placeholder = self.rank_placeholders[rank].get(value)
+            target = placeholder.target if placeholder else value
+            return {
+                "label": target.split(".")[-2] + "." + target.split(".")[-1] if "." in target else target,
+                "site": "parameter",
+                "broken": broken,
+            }
+        return {
+            "label": _describe_op(node),
+            "site": short(self.rank_frame(node)),
+            "broken": broken,
+            "collective": node.collective is not None,
+        }
+
+    def neighbourhood(self, ref_node: Node, rank: int, d: Discrepancy) -> dict[str, Any]:
+        """Rows of the picture: the inputs side by side, then (when the rank lacks one) the missing
+        collective, then the operation whose relation broke. Edges say which row feeds which."""
+        aligned = self.aligned(ref_node, rank)
+        reference: list[dict[str, Any]] = []
+        parallel: list[dict[str, Any]] = []
+        links: list[dict[str, Any]] = []
+        edges: list[dict[str, Any]] = []
+        partial_row = None
+        wrong = set(d.details.get("wrong_inputs", []))
+        roles = _ROLES.get(ref_node.op, [])
+        for k, value in enumerate(ref_node.inputs[:3]):
+            role = f"{roles[k]}: " if k < len(roles) else ""
+            row = self._ref_row(value)
+            reference.append({**row, "label": role + row["label"], "row": k})
+            counterpart = aligned.inputs[k] if aligned is not None and k < len(aligned.inputs) else None
+            if counterpart is None:
+                continue
+            rels = self.relations_between(value, rank, counterpart)
+            bad = not rels or k in wrong
+            rank_row = self._rank_row(rank, counterpart, broken=bad)
+            parallel.append({**rank_row, "label": role + rank_row["label"], "row": k})
+            label = self._label(rels, value)
+            links.append({"row": k, "label": label, "status": "broken" if bad else "ok"})
+            if rels and all(rel.kind == "psum" for rel in rels):
+                partial_row = len(parallel) - 1
+        op_row = len(ref_node.inputs[:3])
+        if d.kind in ("missing-reduction", "partial-sum-into-nonlinear") and partial_row is not None:
+            parallel.append(
+                {
+                    "label": "all-reduce",
+                    "site": "missing here",
+                    "missing": True,
+                    "broken": True,
+                    "collective": True,
+                    "row": op_row,
+                }
+            )
+            edges.append({"column": "parallel", "from": partial_row, "to": len(parallel) - 1, "broken": True})
+            op_row += 1
+        reference.append({**self._ref_row(ref_node.id, broken=True), "row": op_row})
+        edges += [{"column": "reference", "from": i, "to": len(reference) - 1} for i in range(len(reference) - 1)]
+        if aligned is not None:
+            parallel.append({**self._rank_row(rank, aligned.id, broken=True), "row": op_row})
+            for i in range(len(parallel) - 1):
+                if i == partial_row and parallel[-2].get("missing"):
+                    continue
+                edges.append({"column": "parallel", "from": i, "to": len(parallel) - 1})
+            links.append({"row": op_row, "label": "no relation", "status": "broken"})
+        return {"rank": rank, "reference": reference, "parallel": parallel, "links": links, "edges": edges}
+
     def first_broken(self, rank: int, failing_ids: list[str]) -> str | None:
         unrelated = {n.id for n in self.reference.nodes if not self.index.related(n.id, rank)}
         harmful: set[str] = set()
@@ -348,9 +461,27 @@ class Localizer:
                     expected=f"rank {rank} holds {self.ref_value_name(ref_value)} in full (replicated)",
                     found=f"the all-reduce adds the {n} identical copies",
                     suggestion="remove the second all-reduce (the value was reduced already)",
-                    details={"topo": topo, "fix": {"action": "unwrap", "title": "Remove the duplicate all-reduce"}},
+                    details={
+                        "topo": topo,
+                        "fix": {"action": "unwrap", "title": "Remove the duplicate all-reduce"},
+                        "neighbourhood": self._duplicate_picture(rank, ref_value, source, node),
+                    },
                 )
         return None
+
+    def _duplicate_picture(self, rank: int, ref_value: str, source: str, reduction: Node) -> dict[str, Any]:
+        times = len(reduction.collective.group) if reduction.collective else "n"
+        reference = [{**self._ref_row(ref_value), "row": 0}]
+        parallel = [
+            {**self._rank_row(rank, source), "row": 0},
+            {**self._rank_row(rank, reduction.id, broken=True), "label": "all-reduce (again)", "row": 1},
+        ]
+        links = [
+            {"row": 0, "label": "replicated: already complete", "status": "ok"},
+            {"row": 1, "from_row": 0, "label": f"{times}x the reference value", "status": "broken"},
+        ]
+        edges = [{"column": "parallel", "from": 0, "to": 1, "broken": True}]
+        return {"rank": rank, "reference": reference, "parallel": parallel, "links": links, "edges": edges}
 
     def reduction_helper(self) -> str | None:
         """The user's own all-reduce helper (`reduce_from_tp`), from the all-reduces that work."""
@@ -708,7 +839,7 @@ class Localizer:
             expected=expected,
             found=found,
             suggestion="make this rank hold the slice its partners expect (see the first location)",
-            details={"blame": how},
+            details={"blame": how, "wrong_inputs": [w[0] for w in wrong]},
         )
 
     def _holding(self, rel: Relation, ref_value: str) -> str:
