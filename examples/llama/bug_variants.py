@@ -164,6 +164,11 @@ parallel = "llama_example.tp:parallelize"
 inputs = "llama_example.model:example_inputs"
 world-sizes = [{world_sizes}]
 outputs = "replicated"
+
+[tool.shardproof.check.quick]
+reference = "llama_example.model:build_quick"
+inputs = "llama_example.model:example_inputs_quick"
+world-sizes = [{quick_world_size}]
 """
 
 
@@ -179,7 +184,8 @@ def materialize(bug: BugVariant, dest: Path) -> Path:
     lines[index] = indent + bug.buggy + "\n"
     target.write_text("".join(lines))
     sizes = ", ".join(str(w) for w in bug.world_sizes)
-    (dest / "pyproject.toml").write_text(PYPROJECT.format(name=bug.name, world_sizes=sizes))
+    quick = min(bug.world_sizes)
+    (dest / "pyproject.toml").write_text(PYPROJECT.format(name=bug.name, world_sizes=sizes, quick_world_size=quick))
     return dest
 
 

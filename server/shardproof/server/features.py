@@ -134,7 +134,9 @@ def register(server: ShardproofLanguageServer) -> None:
 
     @server.command(CMD_VERIFY_FULL_MODEL)
     async def verify_full_model(ls: ShardproofLanguageServer, *args: Any) -> dict[str, Any]:
-        return await ls.verify_full_model()
+        options = args[0] if args and isinstance(args[0], dict) else {}
+        token = options.get("progressToken")
+        return await ls.verify_full_model(str(token) if token else None)
 
 
 def _is_declaration(ls: ShardproofLanguageServer, path: str) -> bool:

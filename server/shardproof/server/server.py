@@ -26,6 +26,7 @@ from .. import __version__
 from ..config import Project, find_pyproject, parse_project
 from ..errors import ConfigError, ShardproofError
 from ..localize.explain import explain
+from ..localize.picture import picture
 from ..results import CheckResult, Discrepancy
 from ..source_map import mechanical_fix
 from . import diagnostics as diag
@@ -37,6 +38,7 @@ log = logging.getLogger("shardproof.server")
 WORKER_STATE = "shardproof/workerStateChanged"
 VERIFICATION_FINISHED = "shardproof/verificationFinished"
 VERIFICATION_STARTED = "shardproof/verificationStarted"
+PROGRESS = "shardproof/progress"
 CMD_VERIFY_FULL_MODEL = "shardproof.server.verifyFullModel"
 CMD_EXPLAIN = "shardproof.server.explainDiscrepancy"
 CLIENT_CMD_EXPLAIN = "shardproof.explainDiscrepancy"
@@ -239,8 +241,14 @@ class ShardproofLanguageServer(LanguageServer):
         }
         self.running = key
         self.notify_client(VERIFICATION_STARTED, {"check": check, "mode": mode})
+
+        def forward(event: dict[str, Any]) -> None:
+            self.notify_client(PROGRESS, {k: event.get(k) for k in ("check", "world_size", "stage", "done", "total")})
+            if on_progress is not None:
+                on_progress(event)
+
         try:
-            reply = await self.worker.run("verify", params, self.settings.worker_timeout_seconds, on_progress)
+            reply = await self.worker.run("verify", params, self.settings.worker_timeout_seconds, forward)
         except JobCancelled:
             log.info("verification of %s (%s) cancelled", check, mode)
             return None
@@ -330,9 +338,13 @@ class ShardproofLanguageServer(LanguageServer):
         self.published = uris
 
     def find_discrepancy(self, data: Any) -> tuple[ProjectState, str, Discrepancy, list[int]] | None:
+        """By `discrepancyId` (a diagnostic's data), or by location: {"discrepancyIdFor": {uri, line, code}}."""
         if not isinstance(data, dict):
             return None
         wanted = data.get("discrepancyId")
+        where = data.get("discrepancyIdFor")
+        if wanted is None and isinstance(where, dict):
+            wanted = self._discrepancy_at(str(where.get("uri", "")), int(where.get("line", -1)), where.get("code"))
         for state in self.projects:
             for name, (_, result) in state.results.items():
                 sizes = [r.world_size for r in result.results if any(d.id == wanted for d in r.discrepancies)]
@@ -340,6 +352,21 @@ class ShardproofLanguageServer(LanguageServer):
                     for d in r.discrepancies:
                         if d.id == wanted:
                             return state, name, d, sizes
+        return None
+
+    def _discrepancy_at(self, uri: str, line: int, code: Any) -> str | None:
+        path = to_fs_path(uri)
+        if path is None:
+            return None
+        for state in self.projects:
+            for _, result in state.results.values():
+                for world in result.results:
+                    for d in world.discrepancies:
+                        if d.primary is None or not diag.same_file(d.primary.file, path):
+                            continue
+                        span = diag.to_range(d.primary, self.text_of(d.primary.file))
+                        if span.start.line <= line <= span.end.line and (code is None or code == d.kind):
+                            return d.id
         return None
 
     def explanation(self, data: Any) -> dict[str, Any] | None:
@@ -353,6 +380,7 @@ class ShardproofLanguageServer(LanguageServer):
             "worldSizes": sizes,
             "kind": d.kind,
             "markdown": explain(d, name, sizes, state.root),
+            "svg": picture(d),
         }
 
     def code_actions(self, params: types.CodeActionParams) -> list[types.CodeAction]:
@@ -394,11 +422,17 @@ class ShardproofLanguageServer(LanguageServer):
         return actions
 
     # -- full model ---------------------------------------------------------------------------------------
-    async def verify_full_model(self) -> dict[str, Any]:
-        token = str(uuid.uuid4())
+    async def verify_full_model(self, client_token: str | None = None) -> dict[str, Any]:
+        """Every check at every declared world size, full configuration, with cancellable progress.
+
+        The client may pass its own progress token (it then shows the progress itself); otherwise
+        the server creates one with `window/workDoneProgress/create`.
+        """
+        token = client_token or str(uuid.uuid4())
         progress = self.work_done_progress
-        with contextlib.suppress(Exception):
-            await progress.create_async(token)
+        if client_token is None:
+            with contextlib.suppress(Exception):
+                await progress.create_async(token)
         checks = [(s, c) for s in self.projects for c in (s.project.checks if s.project else [])]
         units = {(str(s.pyproject), c.name): 1 + 4 * len(c.world_sizes) for s, c in checks}
         total = max(sum(units.values()), 1)
