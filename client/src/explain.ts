@@ -1,0 +1,103 @@
+import * as vscode from 'vscode';
+
+export interface Explanation {
+  discrepancyId: string;
+  check: string;
+  kind: string;
+  worldSizes: number[];
+  markdown: string;
+  svg?: string;
+}
+
+let panel: vscode.WebviewPanel | undefined;
+
+/** Show an explanation (Markdown rendered by VS Code's Markdown engine, plus shardproof's SVG picture). */
+export async function showExplanation(explanation: Explanation): Promise<void> {
+  const html = await renderMarkdown(explanation.markdown);
+  if (!panel) {
+    panel = vscode.window.createWebviewPanel(
+      'shardproof.explanation',
+      'shardproof: Explain Discrepancy',
+      { viewColumn: vscode.ViewColumn.Beside, preserveFocus: true },
+      { enableScripts: false, enableCommandUris: false, localResourceRoots: [] },
+    );
+    panel.onDidDispose(() => {
+      panel = undefined;
+    });
+  }
+  panel.title = `shardproof: ${explanation.kind}`;
+  panel.webview.html = page(html, explanation.svg ?? '');
+  panel.reveal(vscode.ViewColumn.Beside, true);
+}
+
+async function renderMarkdown(markdown: string): Promise<string> {
+  try {
+    const rendered = await vscode.commands.executeCommand<string>('markdown.api.render', markdown);
+    if (typeof rendered === 'string' && rendered.length > 0) {
+      return rendered;
+    }
+  } catch {
+    // the built-in Markdown extension is disabled: fall back to a small renderer
+  }
+  return fallbackMarkdown(markdown);
+}
+
+function escapeHtml(text: string): string {
+  return text.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
+}
+
+function inline(text: string): string {
+  return escapeHtml(text)
+    .replace(/`([^`]+)`/g, '<code>$1</code>')
+    .replace(/\*\*([^*]+)\*\*/g, '<strong>$1</strong>')
+    .replace(/\*([^*]+)\*/g, '<em>$1</em>')
+    .replace(/\[([^\]]+)\]\(([^)]+)\)/g, '<a href="$2">$1</a>');
+}
+
+export function fallbackMarkdown(markdown: string): string {
+  const out: string[] = [];
+  let inList = false;
+  for (const line of markdown.split('\n')) {
+    const heading = /^(#{1,6})\s+(.*)$/.exec(line);
+    const item = /^-\s+(.*)$/.exec(line);
+    if (inList && !item) {
+      out.push('</ul>');
+      inList = false;
+    }
+    if (heading) {
+      out.push(`<h${heading[1].length}>${inline(heading[2])}</h${heading[1].length}>`);
+    } else if (item) {
+      if (!inList) {
+        out.push('<ul>');
+        inList = true;
+      }
+      out.push(`<li>${inline(item[1])}</li>`);
+    } else if (line.trim()) {
+      out.push(`<p>${inline(line)}</p>`);
+    }
+  }
+  if (inList) {
+    out.push('</ul>');
+  }
+  return out.join('\n');
+}
+
+function page(body: string, svg: string): string {
+  // No scripts; the SVG comes from shardproof's own renderer and is inlined as markup.
+  return `<!DOCTYPE html>
+<html lang="en"><head><meta charset="UTF-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:;">
+<style>
+  body { font-family: var(--vscode-font-family); font-size: var(--vscode-font-size); color: var(--vscode-foreground);
+         padding: 0 1.5em 1.5em 1.5em; line-height: 1.5; }
+  code { font-family: var(--vscode-editor-font-family); background: var(--vscode-textCodeBlock-background);
+         padding: 0 0.25em; border-radius: 3px; }
+  a { color: var(--vscode-textLink-foreground); }
+  .picture { margin: 1em 0; padding: 0.5em; border: 1px solid var(--vscode-panel-border); border-radius: 4px;
+             background: var(--vscode-editor-background); overflow-x: auto; }
+</style></head>
+<body class="shardproof-explanation">
+${body}
+${svg ? `<div class="picture" aria-label="neighbourhood of the discrepancy">${svg}</div>` : ''}
+</body></html>`;
+}
