@@ -1,7 +1,7 @@
 import * as vscode from 'vscode';
 import { ExecuteCommandRequest, State, WorkDoneProgress, WorkDoneProgressCancelNotification } from 'vscode-languageclient/node';
 import { Commands, DIAGNOSTIC_SOURCE, ServerCommands } from './constants';
-import { Explanation, showExplanation } from './explain';
+import { Explanation, OPEN_LOCATION_COMMAND, openLocation, showExplanation } from './explain';
 import { logChannel } from './logging';
 import { ServerManager } from './server';
 
@@ -19,6 +19,7 @@ export function registerCommands(context: vscode.ExtensionContext, server: Serve
     vscode.commands.registerCommand(Commands.showLogs, () => logChannel()?.show(true)),
     vscode.commands.registerCommand(Commands.restart, () => server.restart('requested by the user')),
     vscode.commands.registerCommand(Commands.verifyFullModel, () => verifyFullModel(server)),
+    vscode.commands.registerCommand(OPEN_LOCATION_COMMAND, openLocation),
     vscode.commands.registerCommand(Commands.explainDiscrepancy, (explanation?: Explanation) =>
       explainDiscrepancy(server, explanation),
     ),

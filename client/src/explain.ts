@@ -11,15 +11,38 @@ export interface Explanation {
 
 let panel: vscode.WebviewPanel | undefined;
 
+/** Internal command behind the explanation's code-site links (not in the command palette). */
+export const OPEN_LOCATION_COMMAND = 'shardproof.openLocation';
+
+/** Open `uri` in the first editor column with the cursor on `line` (1-based), as the links promise. */
+export async function openLocation(uri: string, line: number): Promise<void> {
+  const position = new vscode.Position(Math.max(0, line - 1), 0);
+  await vscode.window.showTextDocument(vscode.Uri.parse(uri), {
+    viewColumn: vscode.ViewColumn.One,
+    selection: new vscode.Range(position, position),
+  });
+}
+
+/**
+ * The server links code sites as `file:///path#L12`. A webview cannot follow file: links and
+ * Markdown renderers drop them as unsafe, so each becomes a command link that opens the site.
+ */
+export function linkSourceLocations(markdown: string): string {
+  return markdown.replace(/\]\((file:\/\/[^)#\s]+)(?:#L(\d+))?\)/g, (_whole, uri: string, line?: string) => {
+    const args = encodeURIComponent(JSON.stringify([uri, line ? Number(line) : 1]));
+    return `](command:${OPEN_LOCATION_COMMAND}?${args})`;
+  });
+}
+
 /** Show an explanation (Markdown rendered by VS Code's Markdown engine, plus shardproof's SVG picture). */
 export async function showExplanation(explanation: Explanation): Promise<void> {
-  const html = await renderMarkdown(explanation.markdown);
+  const html = await renderMarkdown(linkSourceLocations(explanation.markdown));
   if (!panel) {
     panel = vscode.window.createWebviewPanel(
       'shardproof.explanation',
       'shardproof: Explain Discrepancy',
       { viewColumn: vscode.ViewColumn.Beside, preserveFocus: true },
-      { enableScripts: false, enableCommandUris: false, localResourceRoots: [] },
+      { enableScripts: false, enableCommandUris: [OPEN_LOCATION_COMMAND], localResourceRoots: [] },
     );
     panel.onDidDispose(() => {
       panel = undefined;

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardproof.config import load_project
+from shardproof.localize.picture import picture
 from shardproof.pipeline import verify_check
 
 pytestmark = pytest.mark.slow
@@ -88,6 +89,10 @@ def test_collective_mismatch_is_reported_at_both_calls(tiny, sandbox, tiny_root)
     source = tiny_root / "tinymlp/parallel.py"
     assert finding.primary.line == line_of(source, "if self.rank == 0:") + 1  # its dist.all_reduce(y)
     assert finding.related[0].line == line_of(source, "dist.all_gather_into_tensor(out, y)")
+    # The explanation's picture puts the two ranks' differing calls side by side.
+    svg = picture(finding)
+    assert "rank 0" in svg and "rank 1" in svg and "collective calls differ" in svg
+    assert "all_reduce" in svg.replace("-", "_") and "all_gather" in svg.replace("-", "_"), svg
 
 
 def test_exception_in_the_builder_is_reported_at_its_line(tiny, sandbox, tiny_root) -> None:

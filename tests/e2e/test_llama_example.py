@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
 
 from shardproof.config import load_project
+from shardproof.localize.picture import BROKEN, picture
 from shardproof.pipeline import verify_check
 
 pytestmark = pytest.mark.slow
@@ -62,3 +64,11 @@ def test_bug_variant_is_reported_at_the_line_of_the_mistake(
     assert finding.kind == bug.kind, finding.message
     assert finding.message and finding.expected and finding.found
     assert finding.reference is not None and finding.reference.file.endswith("model.py")
+
+    # The explanation's picture: well-formed SVG naming a rank, with the broken link drawn in red.
+    svg = picture(finding)
+    root = ElementTree.fromstring(svg)
+    assert root.tag.endswith("svg")
+    texts = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
+    assert "rank" in texts and "reference" in texts, texts
+    assert any(e.get("stroke") == BROKEN for e in root.iter()), "nothing is highlighted as broken"

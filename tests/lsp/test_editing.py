@@ -79,7 +79,9 @@ async def test_explain_and_quick_fix_make_the_check_pass(missing) -> None:
     explanation = plain(arguments[0])
     markdown = explanation["markdown"]
     assert "What the reference computes" in markdown and "model.py:104" in markdown
-    assert "rank 0: a partial sum over its half of the 128 input features" in markdown
+    # While editing, the check runs its quick configuration (dim 64, the smallest world size).
+    assert "rank 0: a partial sum over its half of the 64 input features" in markdown
+    assert explanation["svg"].startswith("<svg") and "reduce" in explanation["svg"]
     assert "Suggested fix" in markdown
     again = plain(
         await client.workspace_execute_command_async(

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One end-to-end cycle in real VS Code (code-server), headless and offline:
-#   run_e2e.sh VSIX PYTHON ARTIFACTS [PORT]
+# One end-to-end scenario in real VS Code (code-server), headless and offline:
+#   run_e2e.sh VSIX PYTHON ARTIFACTS [PORT] [SCENARIO]
+# SCENARIO is "editing" (e2e.js, the default) or "lifecycle" (lifecycle.js: workspace trust, the
+# interpreter, settings, restarts and crashes).
 # A fresh profile, extensions directory and workspace (the missing-all-reduce bug variant of the
 # bundled example), the extension installed from the .vsix, code-server started in its own
 # process group, the playwright scenario (e2e.js), then teardown of every process it started.
@@ -11,6 +13,12 @@ VSIX="$(realpath "$1")"
 PYTHON="$2"
 ARTIFACTS="$(mkdir -p "$3" && realpath "$3")"
 PORT="${4:-8765}"
+SCENARIO="${5:-editing}"
+case "$SCENARIO" in
+  editing) SCRIPT="$HERE/e2e.js" ;;
+  lifecycle) SCRIPT="$HERE/lifecycle.js" ;;
+  *) echo "unknown scenario $SCENARIO (editing | lifecycle)" >&2; exit 2 ;;
+esac
 TOOLS="$HERE/.tools/node_modules"
 CODE_SERVER="$TOOLS/.bin/code-server"
 
@@ -19,13 +27,23 @@ mkdir -p "$RUN/ud/User" "$RUN/ext" "$RUN/tmp" "$RUN/xdg"
 export XDG_CONFIG_HOME="$RUN/xdg/config" XDG_DATA_HOME="$RUN/xdg/data" XDG_CACHE_HOME="$RUN/xdg/cache" TMPDIR="$RUN/tmp"
 "$PYTHON" "$ROOT/examples/llama/bug_variants.py" "$RUN/ws" missing-all-reduce >/dev/null
 WS="$RUN/ws/missing-all-reduce"
+INTERPRETER="$PYTHON"
+TRUST=false
+TRUST_FLAG=(--disable-workspace-trust)
+if [ "$SCENARIO" = lifecycle ]; then
+  # Starts in an untrusted workspace with an interpreter that lacks shardproof.
+  "$PYTHON" -m venv --without-pip "$RUN/bare"
+  INTERPRETER="$RUN/bare/bin/python"
+  TRUST=true
+  TRUST_FLAG=()
+fi
 cat > "$RUN/ud/User/settings.json" <<JSON
 {
-  "shardproof.interpreter": ["$PYTHON"],
+  "shardproof.interpreter": ["$INTERPRETER"],
   "workbench.startupEditor": "none",
   "workbench.tips.enabled": false,
   "telemetry.telemetryLevel": "off",
-  "security.workspace.trust.enabled": false,
+  "security.workspace.trust.enabled": $TRUST,
   "extensions.autoCheckUpdates": false,
   "extensions.autoUpdate": false,
   "editor.autoClosingBrackets": "never",
@@ -59,7 +77,7 @@ fi
 "$CODE_SERVER" --config "$RUN/config.yaml" --user-data-dir "$RUN/ud" --extensions-dir "$RUN/ext" \
   --install-extension "$VSIX" > "$RUN/install.log" 2>&1
 setsid "$CODE_SERVER" --config "$RUN/config.yaml" --disable-telemetry --disable-update-check \
-  --disable-workspace-trust --user-data-dir "$RUN/ud" --extensions-dir "$RUN/ext" "$WS" > "$RUN/cs.log" 2>&1 &
+  "${TRUST_FLAG[@]}" --user-data-dir "$RUN/ud" --extensions-dir "$RUN/ext" "$WS" > "$RUN/cs.log" 2>&1 &
 CS_PID=$!
 for _ in $(seq 1 300); do
   curl -sf -o /dev/null "http://127.0.0.1:$PORT/healthz" && break
@@ -69,4 +87,4 @@ done
 curl -sf -o /dev/null "http://127.0.0.1:$PORT/healthz" || { echo "code-server did not answer" >&2; exit 1; }
 
 NODE_PATH="$TOOLS" CHROMIUM_BIN="$(command -v chromium)" CS_URL="http://127.0.0.1:$PORT" CS_WS="$WS" \
-  SHOTS="$ARTIFACTS" node "$HERE/e2e.js"
+  CS_USER_DATA="$RUN/ud" SERVER_PYTHON="$PYTHON" BARE_PYTHON="$INTERPRETER" SHOTS="$ARTIFACTS" node "$SCRIPT"

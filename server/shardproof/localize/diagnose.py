@@ -410,7 +410,7 @@ class Localizer:
             other = self.rank_node(other_rank, other_id)
             if other is not None:
                 related.append(self.rank_site(other, f"rank {other_rank}: {other.op}"))
-        return Discrepancy(
+        found = Discrepancy(
             kind="collective-mismatch",
             message=issue.message,
             primary=self.rank_site(node) if node else None,
@@ -421,6 +421,36 @@ class Localizer:
             found=issue.message,
             suggestion="make every rank of the group call the same collectives in the same order",
         )
+        found.details["neighbourhood"] = self._collective_picture(issue)
+        return found
+
+    def _collective_picture(self, issue: CollectiveIssue) -> dict[str, Any]:
+        """Two ranks side by side: the collective call each makes at the position where they disagree."""
+        columns: list[list[dict[str, Any]]] = [[], []]
+        titles = []
+        for column, (graph_name, node_id) in enumerate(issue.nodes[:2]):
+            rank = int(graph_name.removeprefix("rank")) if graph_name.startswith("rank") else column
+            titles.append(f"rank {rank}")
+            node = self.rank_node(rank, node_id)
+            row = (
+                self._rank_row(rank, node_id, broken=True)
+                if node is not None
+                else {"label": "no collective", "site": "missing here", "missing": True, "broken": True}
+            )
+            columns[column].append({**row, "row": 0})
+        if len(issue.nodes) < 2:
+            titles.append("other ranks")
+            columns[1].append(
+                {"label": "no collective", "site": "missing here", "missing": True, "broken": True, "row": 0}
+            )
+        return {
+            "rank": 0,
+            "titles": titles,
+            "reference": columns[0],
+            "parallel": columns[1],
+            "links": [{"row": 0, "label": "collective calls differ", "status": "broken"}],
+            "edges": [],
+        }
 
     def duplicate_reduction(self) -> Discrepancy | None:
         """An all-reduce whose input already equals a reference value: it multiplies by the group size."""
@@ -1033,18 +1063,24 @@ class Localizer:
             node = self.rank_node(rank, value)
             meta = graph.meta_of(value)
             if ref_meta is not None and meta.shape != ref_meta.shape:
-                return Discrepancy(
-                    kind="wrong-layout",
-                    message=f"rank {rank} returns output {index} with shape {list(meta.shape)}; the reference "
-                    f"returns {list(ref_meta.shape)}",
-                    primary=self.rank_site(node) if node else None,
-                    reference=self.ref_site(ref_node) if ref_node else None,
-                    ranks=[rank],
-                    reference_node=ref_value,
-                    parallel_nodes=[f"{graph.name}/{value}"],
-                    expected=f"shape {list(ref_meta.shape)}",
-                    found=f"shape {list(meta.shape)}",
-                    suggestion="gather or reshape along the dimension the reference uses",
+                return self._with_output_picture(
+                    ref_value,
+                    rank,
+                    value,
+                    f"shape {list(meta.shape)} ≠ {list(ref_meta.shape)}",
+                    Discrepancy(
+                        kind="wrong-layout",
+                        message=f"rank {rank} returns output {index} with shape {list(meta.shape)}; the reference "
+                        f"returns {list(ref_meta.shape)}",
+                        primary=self.rank_site(node) if node else None,
+                        reference=self.ref_site(ref_node) if ref_node else None,
+                        ranks=[rank],
+                        reference_node=ref_value,
+                        parallel_nodes=[f"{graph.name}/{value}"],
+                        expected=f"shape {list(ref_meta.shape)}",
+                        found=f"shape {list(meta.shape)}",
+                        suggestion="gather or reshape along the dimension the reference uses",
+                    ),
                 )
         spans = []
         for rank, graph in enumerate(self.ev.ranks):
@@ -1065,17 +1101,51 @@ class Localizer:
             kind = "shard-order"
         elif any(rels and rels[0].kind == "psum" for rels in spans):
             kind = "missing-reduction"
-        return Discrepancy(
-            kind=kind,
-            message=f"output {index} does not equal the reference output on every rank ({found})",
-            primary=self.rank_site(node) if node else None,
-            reference=self.ref_site(ref_node) if ref_node else None,
-            ranks=list(range(len(self.ev.ranks))),
-            reference_node=ref_value,
-            expected="every rank returns the reference output (or the declared output relation)",
-            found=found,
-            suggestion="combine the ranks' results so that each returns the full output",
+        rank0_output = self.ev.ranks[0].outputs[index] if self.ev.ranks else ""
+        return self._with_output_picture(
+            ref_value,
+            0,
+            rank0_output,
+            spans[0][0].describe(ref_meta.shape if ref_meta else None) if spans and spans[0] else "no relation",
+            Discrepancy(
+                kind=kind,
+                message=f"output {index} does not equal the reference output on every rank ({found})",
+                primary=self.rank_site(node) if node else None,
+                reference=self.ref_site(ref_node) if ref_node else None,
+                ranks=list(range(len(self.ev.ranks))),
+                reference_node=ref_value,
+                expected="every rank returns the reference output (or the declared output relation)",
+                found=found,
+                suggestion="combine the ranks' results so that each returns the full output",
+            ),
         )
+
+    def _with_output_picture(
+        self, ref_value: str, rank: int, value: str, label: str, found: Discrepancy
+    ) -> Discrepancy:
+        """The reference's output and the rank's output side by side, each under the operation that
+        feeds it (for a gathered output: the gather), linked by what the rank actually returns."""
+        reference = [{**self._ref_row(ref_value, broken=True), "row": 1}]
+        parallel = [{**self._rank_row(rank, value, broken=True), "row": 1}]
+        edges: list[dict[str, Any]] = []
+        ref_node, node = self.ref_nodes.get(ref_value), self.rank_node(rank, value)
+        if ref_node is not None and ref_node.inputs:
+            reference.insert(0, {**self._ref_row(ref_node.inputs[0]), "row": 0})
+            edges.append({"column": "reference", "from": 0, "to": 1})
+        if node is not None and node.inputs:
+            parallel.insert(0, {**self._rank_row(rank, node.inputs[0]), "row": 0})
+            edges.append({"column": "parallel", "from": 0, "to": 1})
+        found.details.setdefault(
+            "neighbourhood",
+            {
+                "rank": rank,
+                "reference": reference,
+                "parallel": parallel,
+                "links": [{"row": 1, "label": label, "status": "broken"}],
+                "edges": edges,
+            },
+        )
+        return found
 
     def not_equivalent(self, ref_node: Node, rank: int, ranks: list[int]) -> Discrepancy | Unsupported:
         unsupported = self._unsupported(ref_node, rank)

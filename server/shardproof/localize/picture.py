@@ -50,8 +50,8 @@ def _link(y_left: int, y_right: int, label: str, status: str) -> str:
     middle_x, middle_y = (x1 + x2) // 2, (y_left + y_right) // 2
     return (
         f'<line x1="{x1}" y1="{y_left}" x2="{x2}" y2="{y_right}" stroke="{color}" stroke-width="1.6"{dash}/>'
-        f'<text x="{middle_x}" y="{middle_y - 6}" font-size="10.5" text-anchor="middle" fill="{color}">'
-        f"{escape(mark + label[:34])}</text>"
+        f'<text x="{middle_x}" y="{middle_y - 6}" font-size="{10.5 if len(label) <= 32 else 9}" '
+        f'text-anchor="middle" fill="{color}">{escape(mark + label[:40])}</text>'
     )
 
 
@@ -85,13 +85,15 @@ def picture(discrepancy: Discrepancy) -> str:
     columns = {"reference": (data.get("reference", []), LEFT_X), "parallel": (data.get("parallel", []), RIGHT_X)}
     rows = 1 + max((int(n.get("row", 0)) for nodes, _ in columns.values() for n in nodes), default=0)
     height = TOP + rows * ROW + 4
+    # Usually the reference against one rank; a collective mismatch sets two ranks as the titles.
+    titles = list(data.get("titles") or ["reference", f"rank {data.get('rank', 0)}"])
     width = RIGHT_X + BOX_W + 50
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         f'font-family="-apple-system, Segoe UI, Helvetica, Arial, sans-serif" role="img">',
         f"<title>{escape(discrepancy.kind)}: {escape(discrepancy.message)}</title>",
-        f'<text x="{LEFT_X}" y="24" font-size="13" font-weight="700" fill="{INK}">reference</text>',
-        f'<text x="{RIGHT_X}" y="24" font-size="13" font-weight="700" fill="{INK}">rank {data.get("rank", 0)}</text>',
+        f'<text x="{LEFT_X}" y="24" font-size="13" font-weight="700" fill="{INK}">{escape(titles[0])}</text>',
+        f'<text x="{RIGHT_X}" y="24" font-size="13" font-weight="700" fill="{INK}">{escape(titles[1])}</text>',
     ]
 
     def top(node: dict[str, Any]) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
+from .client_log import log_to_client
 from .server import CMD_EXPLAIN, CMD_VERIFY_FULL_MODEL, ShardproofLanguageServer
 
 log = logging.getLogger("shardproof.server")
@@ -30,6 +31,7 @@ def _apply_log_level(level: str) -> None:
 def register(server: ShardproofLanguageServer) -> None:
     @server.feature(types.INITIALIZE)
     def initialize(ls: ShardproofLanguageServer, params: types.InitializeParams) -> None:
+        log_to_client(ls)  # the spec allows window/logMessage while initialize is answered
         settings, problems = ls.settings.from_options(params.initialization_options)
         ls.settings = settings
         _apply_log_level(settings.log_level)
@@ -116,6 +118,7 @@ def register(server: ShardproofLanguageServer) -> None:
         settings, problems = ls.settings.from_options(params.settings, ls.settings)
         ls.settings = settings
         _apply_log_level(settings.log_level)
+        log.info("settings changed: %s", settings)
         for problem in problems:
             ls.message(types.MessageType.Warning, f"shardproof: {problem}; keeping {ls.settings}")
 

@@ -440,7 +440,10 @@ class ShardproofLanguageServer(LanguageServer):
         progress.begin(
             token,
             types.WorkDoneProgressBegin(
-                title="shardproof: Verify Full Model", cancellable=True, percentage=0, message=f"{len(checks)} checks"
+                title="shardproof: Verify Full Model",
+                cancellable=True,
+                percentage=0,
+                message=f"{len(checks)} check{'' if len(checks) == 1 else 's'}",
             ),
         )
         summary: list[dict[str, Any]] = []

@@ -107,11 +107,12 @@ class WorkerClient:
         log.warning("restarting the worker: %s", reason)
         self.on_state("restarting", reason)
         process = self.process
+        # Forget the process before killing it, so that its reader does not report our own kill as a crash.
+        self.process = None
         if process is not None and process.returncode is None:
             self._kill(process)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(process.wait(), timeout=5)
-        self.process = None
         await self.start()
 
     # -- jobs ----------------------------------------------------------------------------------------
@@ -124,6 +125,8 @@ class WorkerClient:
             assert self.process is not None and self.process.stdin is not None
             self._next_id += 1
             job = _Job(self._next_id, asyncio.get_running_loop().create_future(), on_progress)
+            # A job cancelled after its caller stopped waiting still ends with an exception: mark it seen.
+            job.future.add_done_callback(lambda future: future.cancelled() or future.exception())
             self._job = job
             self.on_state("busy", params.get("check", ""))
             try:

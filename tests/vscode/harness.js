@@ -1,0 +1,110 @@
+// Shared pieces of the real-VS-Code scenarios: the browser, numbered screenshots, named steps with
+// a report line each, and the few workbench gestures the scenarios need.
+'use strict';
+const fs = require('fs');
+const path = require('path');
+const { chromium } = require('playwright-core');
+
+const SHOTS = process.env.SHOTS;
+const results = [];
+let shot = 0;
+
+async function screenshot(page, name) {
+  shot += 1;
+  await page.waitForTimeout(400); // toasts and hovers slide in
+  await page.screenshot({ path: path.join(SHOTS, `${String(shot).padStart(2, '0')}-${name}.png`) });
+}
+
+async function step(name, page, body) {
+  const started = Date.now();
+  try {
+    await body();
+    results.push({ name, ok: true });
+    console.log(`ok   ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
+  } catch (error) {
+    results.push({ name, ok: false });
+    console.log(`FAIL ${name}: ${error && error.message ? error.message.split('\n')[0] : error}`);
+    await page.screenshot({ path: path.join(SHOTS, `failed-${name.replace(/\W+/g, '-')}.png`) }).catch(() => {});
+    throw error;
+  }
+}
+
+function activeLineNumber(page, line) {
+  return page
+    .locator('.monaco-editor .line-numbers.active-line-number')
+    .filter({ hasText: new RegExp(`^\\s*${line}\\s*$`) })
+    .first();
+}
+
+async function goToLine(page, line) {
+  await page.keyboard.press('Control+g');
+  const widget = page.locator('.quick-input-widget');
+  const input = widget.locator('input').first();
+  await input.waitFor();
+  await input.fill(`:${line}`);
+  await widget.getByText(`Go to line ${line}`).first().waitFor();
+  await page.keyboard.press('Enter');
+  await widget.waitFor({ state: 'hidden' });
+  await activeLineNumber(page, line).waitFor();
+}
+
+function statusItem(page) {
+  return page.locator('.statusbar-item', { hasText: 'shardproof' }).first();
+}
+
+/** Run a command from the palette by its title ("shardproof: Restart Server"). */
+async function runCommand(page, title) {
+  await page.keyboard.press('F1');
+  const widget = page.locator('.quick-input-widget');
+  await widget.locator('input').first().waitFor();
+  await page.keyboard.type(title);
+  await widget.locator('.monaco-list-row', { hasText: title.split(': ').pop() }).first().waitFor();
+  await page.keyboard.press('Enter');
+  await widget.waitFor({ state: 'hidden' });
+}
+
+async function openFile(page, name) {
+  await page.keyboard.press('Control+p');
+  await page.waitForSelector('.quick-input-widget input');
+  await page.keyboard.type(name);
+  await page.locator('.quick-input-list .monaco-list-row', { hasText: name }).first().waitFor();
+  await page.keyboard.press('Enter');
+  await page.locator('.tabs-container .tab.active', { hasText: name }).first().waitFor();
+}
+
+/** Launch chromium, run `scenario(page)`, print "N passed, M failed" and exit accordingly. */
+async function run(scenario) {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  const profile = fs.mkdtempSync(path.join(process.env.TMPDIR || '/tmp', 'chromium-'));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM_BIN,
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1500, height: 950 },
+  });
+  const page = context.pages()[0] || (await context.newPage());
+  page.setDefaultTimeout(30000);
+  try {
+    await scenario(page);
+  } catch {
+    // the failed step is recorded; go on to the report
+  } finally {
+    await context.close();
+    fs.rmSync(profile, { recursive: true, force: true });
+  }
+  const passed = results.filter((r) => r.ok).length;
+  const failed = results.length - passed;
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed === 0 && passed > 0 ? 0 : 1);
+}
+
+function main(scenario) {
+  run(scenario).catch((error) => {
+    console.log(`FAIL harness: ${error}`);
+    console.log('0 passed, 1 failed');
+    process.exit(1);
+  });
+}
+
+module.exports = { activeLineNumber, goToLine, main, openFile, runCommand, screenshot, statusItem, step };
