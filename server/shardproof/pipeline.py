@@ -38,8 +38,10 @@ def verify_check(
     sandbox: Sandbox | None = None,
     progress: ProgressFn | None = None,
     prepare: Callable[[object], None] | None = None,
+    numeric_witness: bool = True,
 ) -> CheckResult:
-    """Verify `check` at each world size. `prepare` may adopt a cached reference capture."""
+    """Verify `check` at each world size. `prepare` may adopt a cached reference capture; every
+    discrepancy is run with real numbers for a witness unless `numeric_witness` is off."""
     from .capture.program import CheckCapture
 
     notify: ProgressFn = progress or (lambda *_: None)
@@ -58,7 +60,7 @@ def verify_check(
             result.error = exc.to_dict()
             return result
         for world_size in sizes:
-            result.results.append(verify_world_size(capture, check, world_size, sandbox, notify))
+            result.results.append(verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness))
     finally:
         if own_sandbox:
             sandbox.close()
@@ -68,7 +70,12 @@ def verify_check(
 
 
 def verify_world_size(
-    capture: object, check: Check, world_size: int, sandbox: Sandbox, progress: ProgressFn
+    capture: object,
+    check: Check,
+    world_size: int,
+    sandbox: Sandbox,
+    progress: ProgressFn,
+    numeric_witness: bool = True,
 ) -> WorldSizeResult:
     from .capture.program import CheckCapture
 
@@ -142,6 +149,17 @@ def verify_world_size(
         result.verdict = "discrepancy"
         result.discrepancies.append(finding)
         result.summary = finding.message
+        seconds["localization"] = time.perf_counter() - start
+        if numeric_witness:
+            from .witness.run import witness  # imports torch: only here, in the worker
+
+            progress(check.name, world_size, "numeric witness")
+            start = time.perf_counter()
+            reference_node = captured.reference.graph.node_map().get(finding.reference_node)
+            module_path = reference_node.module_path if reference_node is not None else ""
+            finding.witness = witness(check, capture.project, world_size, module_path)
+            seconds["witness"] = time.perf_counter() - start
+            return result
     else:
         result.verdict = "inconclusive"
         result.inconclusive.append(finding)

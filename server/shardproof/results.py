@@ -65,6 +65,8 @@ class Discrepancy:
     suggestion: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     id: str = ""
+    # Real numbers that differ ("confirmed", with the errors), or "unconfirmed" and why.
+    witness: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.id:

@@ -45,6 +45,7 @@ def test_discrepancy_exit_code_text_report_and_sarif(tmp_path: Path) -> None:
     assert f"llama_example/tp.py:{line}:" in run.stdout
     assert "[missing-reduction]" in run.stdout
     assert "return F.linear(x, self.weight) + self.bias" in run.stdout
+    assert "witness:   confirmed numerically" in run.stdout and "output 0: max abs error" in run.stdout
     sarif = json.loads(sarif_path.read_text())
     assert sarif["version"] == "2.1.0"
     (result,) = sarif["runs"][0]["results"]
@@ -74,3 +75,19 @@ def test_inconclusive_exits_2(tiny_root: Path) -> None:
     assert run.returncode == 2
     payload = json.loads(run.stdout)
     assert payload["checks"][0]["world_sizes"][0]["inconclusive"][0]["op"] == "lgamma"
+
+
+def test_json_carries_the_numeric_witness(tmp_path: Path) -> None:
+    import bug_variants
+
+    project = bug_variants.materialize(bug_variants.variant("all-reduce-twice"), tmp_path / "variant")
+    run = shardproof("verify", "--project", str(project), "--world-size", "2", "--json")
+    assert run.returncode == 1, run.stderr
+    (world_size,) = json.loads(run.stdout)["checks"][0]["world_sizes"]
+    witness = world_size["discrepancies"][0]["witness"]
+    assert witness["status"] == "confirmed" and witness["world_size"] == 2
+    (output,) = witness["outputs"]
+    assert output["where"] == "output 0" and output["max_rel"] > witness["tolerance"]
+    assert witness["at_module"]["where"] == "layers.0.attention.wo"
+    assert witness["at_module"]["max_rel"] > witness["tolerance"]  # the duplicated reduction doubles it
+    assert "witness" in world_size["seconds"]

@@ -10,6 +10,7 @@ import pytest
 from shardproof.config import load_project
 from shardproof.localize.picture import BROKEN, picture
 from shardproof.pipeline import verify_check
+from shardproof.witness.run import compare_numerically
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +23,10 @@ def test_correct_example_is_verified_at_2_4_and_8(example_root: Path, sandbox) -
     for r in result.results:
         assert [o.relation for o in r.outputs] == ["replicated"]
         assert r.stats["saturation_status"] == "fixpoint"
+        # Cross-check: proven equal, so numerically equal too (float64, random weights, every input trial).
+        numbers = compare_numerically(project.check("llama-tp"), project, r.world_size)
+        assert not numbers.differs, f"llama-tp at world size {r.world_size}: verified but {numbers.to_dict()}"
+        assert all(o.max_rel < 1e-9 for o in numbers.outputs)
 
 
 def _variant_cases() -> list[tuple[str, int]]:
@@ -72,3 +77,8 @@ def test_bug_variant_is_reported_at_the_line_of_the_mistake(
     texts = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
     assert "rank" in texts and "reference" in texts, texts
     assert any(e.get("stroke") == BROKEN for e in root.iter()), "nothing is highlighted as broken"
+
+    # Cross-check: the discrepancy is backed by real numbers that differ.
+    assert finding.witness is not None and finding.witness["status"] == "confirmed", (
+        f"{name} at world size {world_size}: a discrepancy without a numeric witness: {finding.witness}"
+    )

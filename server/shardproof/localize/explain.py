@@ -8,6 +8,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from ..results import DISCREPANCY_KINDS, Discrepancy, Site
+from ..witness.describe import describe as describe_witness
 
 _FRACTIONS = {2: "half", 3: "third", 4: "quarter", 8: "eighth", 16: "sixteenth"}
 
@@ -80,6 +81,11 @@ def explain(d: Discrepancy, check: str = "", world_sizes: list[int] | None = Non
         note = f" — {site.note}" if site.note else ""
         lines.append(f"- {_link(site, root)}{_code(site)}{note}")
     lines.append("")
+    witness_lines = describe_witness(d.witness)
+    if witness_lines:
+        lines += [f"**Numeric witness.** {witness_lines[0].capitalize()}.", ""]
+        lines += [f"- {line}" for line in witness_lines[1:]]
+        lines.append("")
     if d.suggestion:
         lines += [f"**Suggested fix.** {d.suggestion}."]
         fix = d.details.get("fix") if d.details else None

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results import CheckResult, Discrepancy, Site, WorldSizeResult
+from ..witness.describe import describe as describe_witness
 
 _MARK = {"verified": "✔ verified", "discrepancy": "✘ discrepancy", "inconclusive": "? inconclusive", "error": "! error"}
 
@@ -62,6 +63,8 @@ def _discrepancy(d: Discrepancy, root: Path | None) -> list[str]:
         lines.append(f"      ranks:     {', '.join(str(r) for r in d.ranks)}")
     if d.suggestion:
         lines.append(f"      fix:       {d.suggestion}")
+    for index, line in enumerate(describe_witness(d.witness)):
+        lines.append(f"      {'witness:' if index == 0 else '        '}   {line}")
     return lines
 
 
