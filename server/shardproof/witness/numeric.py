@@ -369,6 +369,9 @@ def _run_ranks(
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if any(thread.is_alive() for thread in threads):
+            _wake_other_ranks(TimeoutError("shardproof: numeric run timed out"))
+            for thread in threads:
+                thread.join(5.0)
             raise NumericRunError(
                 f"the ranks did not finish within {RUN_TIMEOUT_SECONDS:.0f} s (a collective that not every rank "
                 "calls waits forever)"
