@@ -56,16 +56,29 @@ class WorkerClient:
         self._stderr: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._lock = asyncio.Lock()
+        self._starting: asyncio.Future[None] | None = None
         self._stopping = False
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
+        """Make sure a worker runs. Single-flight: a job that starts while a restart is spawning the
+        new worker waits for that one instead of spawning a second."""
+        if self._starting is not None:
+            await asyncio.shield(self._starting)
+            return
         if self.process is not None and self.process.returncode is None:
             return
+        self._starting = asyncio.ensure_future(self._spawn())
+        try:
+            await asyncio.shield(self._starting)
+        finally:
+            self._starting = None
+
+    async def _spawn(self) -> None:
         self.on_state("starting", "")
-        loop = asyncio.get_running_loop()
-        self._ready = loop.create_future()
-        self.process = await asyncio.create_subprocess_exec(
+        ready = asyncio.get_running_loop().create_future()
+        self._ready = ready
+        process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "shardproof.worker",
@@ -76,9 +89,10 @@ class WorkerClient:
             start_new_session=True,
             limit=64 * 1024 * 1024,
         )
-        self._reader = asyncio.create_task(self._read(self.process, self._ready))
-        self._stderr = asyncio.create_task(self._forward_stderr(self.process))
-        self.info = await asyncio.wait_for(self._ready, timeout=120)
+        self.process = process
+        self._reader = asyncio.create_task(self._read(process, ready))
+        self._stderr = asyncio.create_task(self._forward_stderr(process))
+        self.info = await asyncio.wait_for(ready, timeout=120)
         log.info(
             "worker %s ready: python %s, %s", self.info.get("pid"), self.info.get("python"), self.info.get("versions")
         )
