@@ -63,6 +63,15 @@ def _error_site(error: dict[str, Any]) -> Site | None:
     )
 
 
+def _result(rule: str, level: str, text: str, site: Site | None, root: Path | None) -> dict[str, Any]:
+    return {
+        "ruleId": rule,
+        "level": level,
+        "message": {"text": text},
+        "locations": [_location(site, root)] if site else [],
+    }
+
+
 def render(checks: list[CheckResult], root: Path | None = None) -> dict[str, Any]:
     rules = [
         {"id": kind, "shortDescription": {"text": text}, "helpUri": f"{HELP_URI}-{kind}"}
@@ -71,15 +80,8 @@ def render(checks: list[CheckResult], root: Path | None = None) -> dict[str, Any
     results: list[dict[str, Any]] = []
     for check in checks:
         if check.error:
-            site = _error_site(check.error)
-            results.append(
-                {
-                    "ruleId": "error",
-                    "level": "error",
-                    "message": {"text": f"{check.name}: {check.error['message']}"},
-                    "locations": [_location(site, root)] if site else [],
-                }
-            )
+            message = f"{check.name}: {check.error['message']}"
+            results.append(_result("error", "error", message, _error_site(check.error), root))
         for result in check.results:
             prefix = f"{check.name} (world size {result.world_size})"
             for d in result.discrepancies:
@@ -99,24 +101,10 @@ def render(checks: list[CheckResult], root: Path | None = None) -> dict[str, Any
                     entry["relatedLocations"] = related
                 results.append(entry)
             for u in result.inconclusive:
-                results.append(
-                    {
-                        "ruleId": "inconclusive",
-                        "level": "warning",
-                        "message": {"text": f"{prefix}: {u.message}"},
-                        "locations": [_location(u.site, root)] if u.site else [],
-                    }
-                )
+                results.append(_result("inconclusive", "warning", f"{prefix}: {u.message}", u.site, root))
             if result.error:
-                site = _error_site(result.error)
-                results.append(
-                    {
-                        "ruleId": "error",
-                        "level": "error",
-                        "message": {"text": f"{prefix}: {result.error['message']}"},
-                        "locations": [_location(site, root)] if site else [],
-                    }
-                )
+                message = f"{prefix}: {result.error['message']}"
+                results.append(_result("error", "error", message, _error_site(result.error), root))
     run: dict[str, Any] = {
         "tool": {
             "driver": {

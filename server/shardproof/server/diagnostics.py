@@ -125,21 +125,41 @@ def _at_declaration(pyproject: str, line: int, text_of: TextOf) -> types.Range:
 def _inconclusive(
     check: str, world_size: int, u: Unsupported, text_of: TextOf, pyproject: str, check_line: int
 ) -> FileDiagnostic:
-    message = f"inconclusive ({check}, world size {world_size}): {u.message}"
-    if u.site is not None:
-        path, range_ = u.site.file, to_range(u.site, text_of(u.site.file))
+    return _at_site_or_declaration(
+        u.site,
+        (pyproject, check_line),
+        text_of,
+        f"inconclusive ({check}, world size {world_size}): {u.message}",
+        types.DiagnosticSeverity.Warning,
+        "inconclusive",
+        {"check": check, "worldSizes": [world_size], "kind": "inconclusive", "op": u.op},
+    )
+
+
+def _at_site_or_declaration(
+    site: Site | None,
+    declaration: tuple[str, int],
+    text_of: TextOf,
+    message: str,
+    severity: types.DiagnosticSeverity,
+    code: str,
+    data: dict[str, Any],
+) -> FileDiagnostic:
+    """A diagnostic at its site in the user's code, or at the check's declaration when it has none."""
+    if site is not None:
+        path, range_ = site.file, to_range(site, text_of(site.file))
     else:
-        path, range_ = pyproject, _at_declaration(pyproject, check_line, text_of)
+        path, range_ = declaration[0], _at_declaration(declaration[0], declaration[1], text_of)
     return FileDiagnostic(
         path,
         types.Diagnostic(
             range=range_,
             message=message,
-            severity=types.DiagnosticSeverity.Warning,
-            code="inconclusive",
-            code_description=types.CodeDescription(href=docs_uri("inconclusive")),
+            severity=severity,
+            code=code,
+            code_description=types.CodeDescription(href=docs_uri(code)),
             source=SOURCE,
-            data={"check": check, "worldSizes": [world_size], "kind": "inconclusive", "op": u.op},
+            data=data,
         ),
     )
 
@@ -151,6 +171,7 @@ def _error(
     code = "config-error" if error.get("kind") == "ConfigError" else "user-code-error"
     where = f", world size {world_size}" if world_size else ""
     message = f"{error['message']} ({check}{where})"
+    as_site = None
     if site is not None:
         as_site = Site(
             site["file"],
@@ -159,20 +180,14 @@ def _error(
             site.get("end_line"),
             None if site.get("end_column") is None else site["end_column"] + 1,
         )
-        path, range_ = site["file"], to_range(as_site, text_of(site["file"]))
-    else:
-        path, range_ = pyproject, _at_declaration(pyproject, check_line, text_of)
-    return FileDiagnostic(
-        path,
-        types.Diagnostic(
-            range=range_,
-            message=message,
-            severity=types.DiagnosticSeverity.Error,
-            code=code,
-            code_description=types.CodeDescription(href=docs_uri(code)),
-            source=SOURCE,
-            data={"check": check, "kind": code},
-        ),
+    return _at_site_or_declaration(
+        as_site,
+        (pyproject, check_line),
+        text_of,
+        message,
+        types.DiagnosticSeverity.Error,
+        code,
+        {"check": check, "kind": code},
     )
 
 
