@@ -157,14 +157,7 @@ def verify_world_size(
             start = time.perf_counter()
             reference_node = captured.reference.graph.node_map().get(finding.reference_node)
             module_path = reference_node.module_path if reference_node is not None else ""
-            if finding.kind == "collective-mismatch":
-                # Ranks that disagree on their collectives would wait for each other forever.
-                finding.witness = {
-                    "status": "unconfirmed",
-                    "reason": "the ranks make different collective calls, so a run with real numbers would hang",
-                }
-            else:
-                finding.witness = witness(check, capture.project, world_size, module_path)
+            finding.witness = witness(check, capture.project, world_size, module_path, finding.kind)
             seconds["witness"] = time.perf_counter() - start
             return result
     else:
