@@ -6,7 +6,7 @@
 //   "shardproof: Verify Full Model" from the palette -> progress notification, then a summary.
 // Every step saves a screenshot to $SHOTS. Prints "N passed, M failed"; exits 1 on a failure.
 'use strict';
-const { activeLineNumber, goToLine, main, screenshot, statusItem, step } = require('./harness');
+const { activeLineNumber, goToLine, main, openFile, runCommand, screenshot, statusItem, step } = require('./harness');
 
 const URL = process.env.CS_URL;
 const WS = process.env.CS_WS;
@@ -23,12 +23,7 @@ main(async (page) => {
   });
 
   await step('the parallel file opens', page, async () => {
-    await page.keyboard.press('Control+p');
-    await page.waitForSelector('.quick-input-widget input');
-    await page.keyboard.type('tp.py');
-    await page.locator('.quick-input-list .monaco-list-row', { hasText: 'tp.py' }).first().waitFor();
-    await page.keyboard.press('Enter');
-    await page.locator('.tabs-container .tab', { hasText: 'tp.py' }).first().waitFor();
+    await openFile(page, 'tp.py');
     await goToLine(page, MISTAKE_LINE);
   });
 
@@ -137,11 +132,7 @@ main(async (page) => {
   });
 
   await step('"Verify Full Model" shows progress, then a summary', page, async () => {
-    await page.keyboard.press('F1');
-    await page.waitForSelector('.quick-input-widget input');
-    await page.keyboard.type('shardproof: Verify Full Model');
-    await page.locator('.quick-input-list .monaco-list-row', { hasText: 'Verify Full Model' }).first().waitFor();
-    await page.keyboard.press('Enter');
+    await runCommand(page, 'shardproof: Verify Full Model');
     await page.locator('.notifications-toasts', { hasText: 'Verify Full Model' }).first().waitFor();
     await statusItem(page).filter({ hasText: 'verifying' }).waitFor({ timeout: 60000 });
     await screenshot(page, 'full-model-progress');
