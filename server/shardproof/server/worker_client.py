@@ -42,6 +42,7 @@ class _Job:
     on_progress: ProgressCallback | None
     cancelled: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
+    stopping: asyncio.Future[None] | None = None
 
 
 class WorkerClient:
@@ -63,7 +64,7 @@ class WorkerClient:
     async def start(self) -> None:
         """Make sure a worker runs. Single-flight: a job that starts while a restart is spawning the
         new worker waits for that one instead of spawning a second."""
-        if self._starting is not None:
+        if self._starting is not None and not self._starting.done():
             await asyncio.shield(self._starting)
             return
         if self.process is not None and self.process.returncode is None:
@@ -120,6 +121,14 @@ class WorkerClient:
     async def restart(self, reason: str) -> None:
         log.warning("restarting the worker: %s", reason)
         self.on_state("restarting", reason)
+        if self._starting is not None and not self._starting.done():
+            # Let the worker being spawned come up first: killing it mid-start would fail that start
+            # for everyone waiting on it, and they would not get the replacement.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._starting)
+        job = self._job
+        if job is not None and not job.future.done():
+            job.future.set_exception(WorkerFailure(reason))  # it dies with this worker
         process = self.process
         # Forget the process before killing it, so that its reader does not report our own kill as a crash.
         self.process = None
@@ -158,6 +167,11 @@ class WorkerClient:
                 if self.process is None or self.process.returncode is not None:
                     await self.restart(failure.reason)
                 raise
+            except asyncio.CancelledError:
+                # Our caller was cancelled (a newer edit): stop the job before giving up the lock,
+                # so that the next job neither queues behind it nor dies with it.
+                await self._stop(job)
+                raise
             finally:
                 self._job = None
                 if self.process is not None and self.process.returncode is None:
@@ -168,6 +182,15 @@ class WorkerClient:
         job = self._job
         if job is None or job.future.done():
             return
+        await self._stop(job)
+
+    async def _stop(self, job: _Job) -> None:
+        """Stop `job` once, however many callers ask (the canceller and the cancelled caller)."""
+        if job.stopping is None:
+            job.stopping = asyncio.ensure_future(self._stop_now(job))
+        await asyncio.shield(job.stopping)
+
+    async def _stop_now(self, job: _Job) -> None:
         job.cancelled = True
         process = self.process
         if process is None or process.stdin is None:
