@@ -51,6 +51,16 @@ def test_sharded_outputs_fail_a_replicated_expectation(tiny, sandbox, tiny_root)
     assert finding.primary.line == line_of(tiny_root / "tinymlp/parallel.py", "return F.linear(x, self.w, self.b)")
 
 
+def test_integer_cast_of_a_partial_sum_is_a_discrepancy_at_the_cast(tiny, sandbox, tiny_root) -> None:
+    # Truncating each rank's partial sum is not truncating their sum: casts to integers are not linear.
+    (outcome,) = run(tiny, "truncate-before-reduce", sandbox).results
+    assert outcome.verdict == "discrepancy"
+    finding = outcome.discrepancies[0]
+    assert finding.kind == "partial-sum-into-nonlinear"
+    assert "cast to int64" in finding.message
+    assert finding.primary.line == line_of(tiny_root / "tinymlp/parallel.py", ".to(torch.int64)")
+
+
 def test_independently_initialised_parameter_is_a_discrepancy_at_its_creation(tiny, sandbox, tiny_root) -> None:
     (outcome,) = run(tiny, "fresh", sandbox).results
     assert outcome.verdict == "discrepancy"

@@ -18,7 +18,16 @@ from shardproof.witness.run import compare_numerically, witness
 
 pytestmark = pytest.mark.slow
 
-CROSS_CHECKED = ["ok", "column-only", "column-only-replicated", "fresh", "reduce-scatter", "broadcast", "all-to-all"]
+CROSS_CHECKED = [
+    "ok",
+    "column-only",
+    "column-only-replicated",
+    "fresh",
+    "reduce-scatter",
+    "broadcast",
+    "all-to-all",
+    "truncate-before-reduce",
+]
 
 
 @pytest.mark.parametrize("name", CROSS_CHECKED)

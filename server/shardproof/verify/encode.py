@@ -150,9 +150,7 @@ class Encoder:
 
     def _permute(self, src: str, perm: list[int], meta: TensorMeta) -> str:
         name = self.let(self._fresh("perm"), f"(Permute {src} {_q(_shape_text(perm))})", meta)
-        nd = len(perm)
-        for out_dim, in_dim in enumerate(perm):
-            self.commands.append(f"(pmap {name} {in_dim - nd} {out_dim - nd})")
+        self.commands.extend(permute_facts(name, perm))
         return name
 
     def _expand(self, src: str, src_shape: tuple[int, ...], meta: TensorMeta) -> str:
@@ -209,9 +207,7 @@ class Encoder:
                 self.commands.append(f"(union {name} (Rep {self.term(graph, source)} {dim} {times}))")
         elif op == "permute":
             self.let(name, f"(Permute {ins[0]} {_q(_shape_text(a['perm']))})", meta)
-            nd = len(a["perm"])
-            for out_dim, in_dim in enumerate(a["perm"]):
-                self.commands.append(f"(pmap {name} {in_dim - nd} {out_dim - nd})")
+            self.commands.extend(permute_facts(name, list(a["perm"])))
         elif op == "expand":
             self.let(name, f"(Expand {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             self.commands.extend(expand_facts(name, self.meta_of[ins[0]].shape, meta.shape))
@@ -511,6 +507,12 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
             for iu in in_units:
                 fact("vmerge", iu - ni, o_dim - no, math.prod(in_shape[iu + 1 : i_dim + 1]))
     return facts
+
+
+def permute_facts(name: str, perm: list[int]) -> list[str]:
+    """Output dim o of a permutation is input dim perm[o] (negative dims)."""
+    nd = len(perm)
+    return [f"(pmap {name} {in_dim - nd} {out_dim - nd})" for out_dim, in_dim in enumerate(perm)]
 
 
 def expand_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:

@@ -717,6 +717,11 @@ def all_rules() -> tuple[Rule, ...]:
     return tuple(_RULES)
 
 
+def fact_text() -> str:
+    """The op-class facts (which unary ops are linear, which binary ops additive, ...)."""
+    return _FACTS
+
+
 def program_text() -> str:
     """Declarations of the op-class facts, the rulesets and every rule."""
     lines = [_FACTS]
@@ -726,8 +731,14 @@ def program_text() -> str:
 
 
 def casts_are_linear(dtypes: set[str]) -> str:
-    """Facts declaring the dtype casts seen in a program linear (real-number semantics)."""
-    return "\n".join(f'(linear-unary "cast_{dtype}")' for dtype in sorted(dtypes))
+    """Facts declaring the casts to floating dtypes seen in a program linear (real-number semantics:
+    they only round). Casts to integer or boolean dtypes truncate, and the truncations of partial
+    sums do not add up to the truncation of their sum, so they are not linear."""
+    return "\n".join(f'(linear-unary "cast_{dtype}")' for dtype in sorted(dtypes) if _is_floating(dtype))
+
+
+def _is_floating(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "complex"))
 
 
 def schedule(iterations: int) -> str:

@@ -1,0 +1,536 @@
+"""Instantiate a rule on concrete tensors and check it.
+
+A rule is read back from its own egglog text. An instance recipe (instances.py) binds the free
+values of its pattern (the tensors, dims, ranges and op names it matches); the harness derives
+every other value from the premises (a term pattern computes its value; a selection, share, mask
+or window premise defines the rank value it relates), checks that every premise holds, and then
+checks every conclusion against meaning.py. A rule is instantiated for every rank of worlds of
+1 to 4 ranks: a partial-sum conclusion is a claim about all ranks of a world together (the
+contributions of a tiling of [0, K) add up to the value), so it is checked across them.
+
+A near miss binds values its side conditions reject. The harness checks that the rest of the
+pattern still matches (only a side condition rejects it) and that the conclusion would be false
+on it, so the side condition is what keeps the rule sound there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..verify import encode
+from ..verify.rules import Rule, all_rules, casts_are_linear, fact_text
+from . import meaning
+from .meaning import MultiSet, Unbound, Undefined, same
+from .sexpr import Str, Sym, head, read, read_all, symbols
+
+WORLD_SIZES = (1, 2, 3, 4)
+TRIALS = 3
+
+# Relations stating a class of ops (rules.py facts), and relations the encoder states about the
+# graph (how a view, permutation or expansion maps dims; which values feed an all-reduce).
+CLASS_RELATIONS = {"linear-unary", "scaling", "additive", "multiplicative", "additive-reduction"}
+FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "pmap", "emap"}
+_STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS | {"multiset-of", "multiset-insert"}
+# Casts of every dtype the capture can produce: the encoder declares the ones it sees.
+_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+class RecipeError(Exception):
+    """The instance recipe is wrong (it binds too little, or its instance does not match the rule)."""
+
+
+@dataclass
+class ParsedRule:
+    rule: Rule
+    premises: list[Any]
+    guards: list[bool]  # per premise: a side condition (comparison, size or class condition)
+    conclusions: list[Any]
+
+    @property
+    def guarded(self) -> bool:
+        return any(self.guards)
+
+    def guard_text(self) -> list[str]:
+        return [_show(p) for p, g in zip(self.premises, self.guards, strict=True) if g]
+
+
+def _show(form: Any) -> str:
+    if isinstance(form, tuple):
+        return "(" + " ".join(_show(f) for f in form) + ")"
+    return repr(form)
+
+
+def _structural(form: Any) -> bool:
+    name = head(form)
+    if name == "=":
+        return any(head(side) in _STRUCTURAL_HEADS for side in form[1:])
+    return name not in meaning.COMPARISONS and name not in CLASS_RELATIONS
+
+
+def parse(rule: Rule) -> ParsedRule:
+    form = read(rule.text)
+    kind = head(form)
+    if kind == "rewrite":
+        lhs, rhs, *options = form[1:]
+        conditions: list[Any] = []
+        if options:
+            if options[0] != Sym(":when"):
+                raise ValueError(f"{rule.name}: unknown option {options[0]!r}")
+            conditions = list(options[1])
+        premises = [(Sym("="), Sym("$lhs"), lhs), *conditions]
+        conclusions = [(Sym("union"), Sym("$lhs"), rhs)]
+    elif kind == "rule":
+        premises, conclusions = list(form[1]), list(form[2])
+    else:
+        raise ValueError(f"{rule.name}: not a rule or rewrite")
+    pattern_vars: set[str] = set()
+    for premise in premises:
+        if _structural(premise):
+            pattern_vars |= symbols(premise)
+    guards = []
+    seen: set[str] = set()
+    for premise in premises:
+        if _structural(premise):
+            guards.append(False)
+        elif head(premise) == "=":
+            # `(= n (sz x d))` merely names a size when n is new; it is a condition when n is
+            # also part of the pattern or already known.
+            binds = any(
+                isinstance(side, Sym) and side.name not in pattern_vars and side.name not in seen
+                for side in premise[1:]
+            )
+            guards.append(not binds)
+        else:
+            guards.append(True)
+        seen |= symbols(premise)
+    return ParsedRule(rule, premises, guards, conclusions)
+
+
+def parsed_rules() -> list[ParsedRule]:
+    return [parse(r) for r in all_rules()]
+
+
+def class_facts() -> set[tuple[str, str]]:
+    facts = set()
+    for form in read_all(fact_text() + "\n" + casts_are_linear(set(_DTYPES))):
+        if head(form) in CLASS_RELATIONS:
+            facts.add((head(form), form[1].text))
+    return facts
+
+
+# -- instance generation --------------------------------------------------------------------------------
+@dataclass
+class Measure:
+    """A value split into K contributions along a reduced index (what a partial-sum fact is about)."""
+
+    parts: torch.Tensor  # [K, *shape]
+
+    @property
+    def size(self) -> int:
+        return self.parts.shape[0]
+
+    def part(self, start: int, end: int) -> torch.Tensor:
+        return self.parts[start:end].sum(0)
+
+
+@dataclass
+class Gen:
+    """Random values for one instance: shared by the ranks of a world, so their reference values agree."""
+
+    rule: str
+    trial: int
+    world: int
+    rank: int
+    random: random.Random = field(init=False)
+    generator: torch.Generator = field(init=False)
+    measures: dict[int, Measure] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seed = zlib.crc32(f"{self.rule}/{self.trial}/{self.world}".encode())
+        self.random = random.Random(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def int(self, low: int, high: int) -> int:
+        return self.random.randint(low, high)
+
+    def pick(self, options: Any) -> Any:
+        return self.random.choice(list(options))
+
+    def tensor(self, *shape: int) -> torch.Tensor:
+        return torch.randn(shape, dtype=torch.float64, generator=self.generator)
+
+    def ids(self, shape: tuple[int, ...], vocab: int) -> torch.Tensor:
+        return torch.randint(0, vocab, shape, generator=self.generator)
+
+    def mask(self, *shape: int) -> torch.Tensor:
+        return torch.rand(*shape, generator=self.generator) < 0.4
+
+    def tiles(self, n: int, parts: int | None = None) -> list[tuple[int, int]]:
+        """An uneven tiling of [0, n) into `parts` (default: the world size) non-empty pieces."""
+        parts = self.world if parts is None else parts
+        if n < parts:
+            raise RecipeError(f"cannot tile {n} indices over {parts} ranks")
+        cuts = sorted(self.random.sample(range(1, n), parts - 1))
+        edges = [0, *cuts, n]
+        return list(itertools.pairwise(edges))
+
+    def tile(self, n: int) -> tuple[int, int]:
+        """This rank's piece of a tiling of [0, n)."""
+        return self.tiles(n)[self.rank]
+
+    def even_tile(self, n: int, block: int = 1) -> tuple[int, int]:
+        """This rank's piece of an even split of n blocks of `block` indices."""
+        if n % self.world:
+            raise RecipeError(f"{n} blocks do not split evenly over {self.world} ranks")
+        share = n // self.world * block
+        return self.rank * share, (self.rank + 1) * share
+
+    def ranges(self, ranges: list[tuple[int, int]]) -> tuple:
+        return meaning.range_list(ranges)
+
+    def selection(self, n: int, most: int = 3) -> tuple:
+        """Some disjoint, non-empty ranges of [0, n), in any order (a shard, or fused pieces)."""
+        count = self.int(1, min(most, n))
+        edges = sorted(self.random.sample(range(n + 1), 2 * count)) if 2 * count <= n + 1 else [0, n]
+        pieces = [(edges[i], edges[i + 1]) for i in range(0, len(edges) - 1, 2) if edges[i] < edges[i + 1]]
+        self.random.shuffle(pieces)
+        return meaning.range_list(pieces or [(0, n)])
+
+    def contributions(self, shape: tuple[int, ...], size: int) -> Measure:
+        return Measure(torch.randn(size, *shape, dtype=torch.float64, generator=self.generator))
+
+    def total(self, measure: Measure) -> torch.Tensor:
+        """The value a measure adds up to (registered, so partial-sum premises about it can be checked)."""
+        total = measure.parts.sum(0)
+        self.measures[id(total)] = measure
+        return total
+
+    @staticmethod
+    def text(values: Any) -> str:
+        return ",".join(str(v) for v in values)
+
+
+Recipe = Callable[[Gen], "dict[str, Any] | None"]
+
+
+# -- checking -----------------------------------------------------------------------------------------------
+@dataclass
+class Partial:
+    """One rank's partial-sum conclusion, checked with the other ranks of its world."""
+
+    value: torch.Tensor
+    contribution: torch.Tensor
+    start: int
+    end: int
+    size: int
+
+
+@dataclass
+class InstanceResult:
+    failed_guards: list[str] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)  # conclusions that do not hold
+    partials: list[Partial] = field(default_factory=list)
+    vacuous: int = 0  # pending selections whose range list has no value (they never become facts)
+    definite: int = 0
+
+
+class Instance:
+    def __init__(self, parsed: ParsedRule, gen: Gen, bindings: dict[str, Any], facts: set[tuple[str, str]]):
+        self.parsed = parsed
+        self.gen = gen
+        self.env = dict(bindings)
+        self.evaluate = meaning.Evaluator(self.env)
+        self.facts = facts
+
+    # premises --------------------------------------------------------------------------------------------
+    def run(self, near_miss: bool) -> InstanceResult:
+        result = InstanceResult()
+        pending = list(range(len(self.parsed.premises)))
+        while pending:
+            for index in pending:
+                premise = self.parsed.premises[index]
+                try:
+                    holds = self._premise(premise)
+                except Unbound:
+                    continue
+                except Undefined as exc:
+                    holds = False
+                    detail = str(exc)
+                else:
+                    detail = ""
+                pending.remove(index)
+                if not holds:
+                    if self.parsed.guards[index]:
+                        result.failed_guards.append(_show(premise))
+                    else:
+                        raise RecipeError(f"the pattern does not match: {_show(premise)} fails {detail}".strip())
+                break
+            else:
+                names = set()
+                for index in pending:
+                    names |= symbols(self.parsed.premises[index]) - set(self.env)
+                waiting = [_show(self.parsed.premises[i]) for i in pending]
+                raise RecipeError(f"nothing binds {sorted(names)} in {waiting}")
+        if result.failed_guards and not near_miss:
+            raise RecipeError(f"the instance fails the side condition {result.failed_guards[0]}")
+        for conclusion in self.parsed.conclusions:
+            self._conclusion(conclusion, result)
+        return result
+
+    def _premise(self, form: Any) -> bool:
+        name = head(form)
+        if name == "=":
+            left, right = form[1], form[2]
+            for target, source in ((left, right), (right, left)):
+                if isinstance(target, Sym) and target.name not in self.env:
+                    self.env[target.name] = self.evaluate(source)
+                    return True
+            return same(self.evaluate(left), self.evaluate(right))
+        if name in meaning.COMPARISONS:
+            return meaning.COMPARISONS[name](self.evaluate(form[1]), self.evaluate(form[2]))
+        if name in CLASS_RELATIONS:
+            return (name, self.evaluate(form[1])) in self.facts
+        if name in FRONT_END_RELATIONS:
+            return self._front_end(name, [self.evaluate(a) for a in form[1:]])
+        if name == "arin":  # the value feeds an all-reduce: a fact about the graph, not about values
+            self.evaluate(form[1])
+            return True
+        defined = _DEFINED_ARGUMENT.get(name)
+        if defined is not None:
+            target = form[1 + defined]
+            if isinstance(target, Sym) and target.name not in self.env:
+                args = [None if i == defined else self.evaluate(a) for i, a in enumerate(form[1:])]
+                self.env[target.name] = _DEFINE[name](self.gen, *args)
+        return self._holds(name, [self.evaluate(a) for a in form[1:]], premise=True)
+
+    def _front_end(self, name: str, args: list[Any]) -> bool:
+        made = self.evaluate.made.get(id(args[0]))
+        if made is None:
+            return False
+        if made.kind == "View":
+            stated = encode.view_facts("t", made.in_shape, made.out_shape)
+        elif made.kind == "Permute":
+            stated = encode.permute_facts("t", [int(p) for p in made.text.split(",")])
+        else:
+            stated = encode.expand_facts("t", made.in_shape, made.out_shape)
+        return f"({name} t {' '.join(str(a) for a in args[1:])})" in stated
+
+    def _holds(self, name: str, args: list[Any], premise: bool) -> bool:
+        if name in ("sel", "selp"):
+            big, small, dim, ranges = args
+            return same(small, meaning.select(big, dim, ranges))
+        if name == "selw":
+            big, small, dim, low, high, n = args
+            return low <= high and all(same(small, meaning._slice(big, dim, s, s + n)) for s in range(low, high + 1))
+        if name == "evaluated":
+            return meaning.is_plain(args[0])
+        if name == "frac":
+            big, small, p, q = args
+            return q != 0 and same(small, big * p / q)
+        if name == "outside":
+            mask, ids, start, end = args
+            return same(mask, meaning.outside(ids, start, end))
+        if name == "localids":
+            local, ids, start, end = args
+            return same(local, torch.where(meaning.outside(ids, start, end), 0, ids - start))
+        if name == "embpart":
+            partial, lookup, mask, _start, _end = args
+            keep = ~mask.bool()
+            return partial.shape == lookup.shape and same(partial[keep], lookup[keep])
+        if name == "psum" and premise:
+            total, contribution, start, end, size = args
+            measure = self.gen.measures.get(id(total))
+            if measure is None:
+                raise RecipeError("a partial-sum premise needs its value made by gen.total(measure)")
+            return measure.size == size and 0 <= start <= end <= size and same(contribution, measure.part(start, end))
+        if name == "cover":
+            total, members, end, size = args
+            measure = self.gen.measures.get(id(total))
+            if measure is None:
+                raise RecipeError("a cover needs its value made by gen.total(measure)")
+            return (
+                isinstance(members, MultiSet)
+                and measure.size == size
+                and 0 < end <= size
+                and same(sum(members[1:], members[0]), measure.part(0, end))
+            )
+        raise ValueError(f"no meaning for relation {name}")
+
+    # conclusions -------------------------------------------------------------------------------------------
+    def _conclusion(self, form: Any, result: InstanceResult) -> None:
+        name = head(form)
+        try:
+            if name == "subsume":  # an e-graph hint, no claim
+                return
+            if name == "union":
+                holds = same(self.evaluate(form[1]), self.evaluate(form[2]))
+            elif name == "set":
+                target, value = form[1], self.evaluate(form[2])
+                tensor = self.evaluate(target[1])
+                if head(target) == "nd":
+                    holds = tensor.dim() == value
+                else:
+                    dim = self.evaluate(target[2])
+                    holds = -tensor.dim() <= dim < 0 and tensor.shape[dim] == value
+            elif name == "psum":
+                value, contribution, start, end, size = (self.evaluate(a) for a in form[1:])
+                result.partials.append(Partial(value, contribution, start, end, size))
+                return
+            elif name == "selp":
+                args = [self.evaluate(a) for a in form[1:]]
+                try:
+                    meaning.indices(args[3])
+                except Undefined:
+                    result.vacuous += 1  # never becomes a fact: nothing to check
+                    return
+                result.definite += 1
+                holds = self._holds(name, args, premise=False)
+            else:
+                holds = self._holds(name, [self.evaluate(a) for a in form[1:]], premise=False)
+        except Undefined as exc:
+            result.wrong.append(f"{_show(form)} has no value ({exc})")
+            return
+        except Unbound as exc:
+            raise RecipeError(f"the conclusion {_show(form)} uses {exc.name}, which nothing binds") from exc
+        if not holds:
+            result.wrong.append(f"{_show(form)} is false")
+
+
+def _define_window(gen: Gen, big: Any, _small: Any, dim: int, low: int, high: int, n: int) -> Any:
+    return meaning._slice(big, dim, low, low + n)
+
+
+def _define_partial_lookup(gen: Gen, _partial: Any, lookup: Any, mask: Any, start: int, end: int) -> Any:
+    noise = torch.randn(lookup.shape, dtype=lookup.dtype, generator=gen.generator)
+    keep = ~mask.bool().unsqueeze(-1).expand(lookup.shape)
+    return torch.where(keep, lookup, noise)
+
+
+# Relations that define the rank value they relate (the argument at this position) when a premise
+# names it for the first time: a premise `(sel W w -2 R)` makes w the selection R of W.
+_DEFINED_ARGUMENT = {"sel": 1, "selp": 1, "selw": 1, "frac": 1, "outside": 0, "localids": 0, "embpart": 0}
+_DEFINE: dict[str, Callable[..., Any]] = {
+    "sel": lambda gen, big, _, dim, ranges: meaning.select(big, dim, ranges),
+    "selp": lambda gen, big, _, dim, ranges: meaning.select(big, dim, ranges),
+    "selw": _define_window,
+    "frac": lambda gen, big, _, p, q: big * p / q,
+    "outside": lambda gen, _, ids, start, end: meaning.outside(ids, start, end),
+    "localids": lambda gen, _, ids, start, end: torch.where(meaning.outside(ids, start, end), 0, ids - start),
+    "embpart": _define_partial_lookup,
+}
+
+
+def _partials_wrong(partials: list[Partial]) -> str | None:
+    """A world's partial-sum conclusions must tile [0, K) and add up to the value."""
+    if not partials:
+        return None
+    first = partials[0]
+    if any(p.size != first.size or not same(p.value, first.value) for p in partials):
+        return "the ranks' partial sums are of different values"
+    pieces = sorted((p.start, p.end) for p in partials)
+    edges = [0] + [end for _, end in pieces]
+    if [start for start, _ in pieces] != edges[:-1] or edges[-1] != first.size:
+        return f"the ranks' contributions {pieces} do not tile [0, {first.size})"
+    total = sum((p.contribution for p in partials[1:]), partials[0].contribution)
+    if not same(total, first.value):
+        error = (total - first.value).abs().max().item() if total.shape == first.value.shape else "shape"
+        return f"the ranks' contributions do not add up to the value (max error {error})"
+    return None
+
+
+@dataclass
+class RuleReport:
+    name: str
+    instances: int = 0
+    near_misses: int = 0
+    problems: list[str] = field(default_factory=list)  # the rule is wrong
+    recipe_problems: list[str] = field(default_factory=list)  # the check is wrong
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.recipe_problems
+
+
+def check_rule(
+    parsed: ParsedRule,
+    recipe: Recipe,
+    near_miss: Recipe | None,
+    trials: int = TRIALS,
+    worlds: tuple[int, ...] = WORLD_SIZES,
+) -> RuleReport:
+    report = RuleReport(parsed.rule.name)
+    facts = class_facts()
+    vacuous = definite = 0
+    wrong_near_misses = 0
+    for mode, make in (("instance", recipe), ("near miss", near_miss)):
+        if make is None:
+            continue
+        for trial in range(trials):
+            for world in worlds:
+                partials: list[Partial] = []
+                world_wrong = False
+                accepted = rejected = 0
+                for rank in range(world):
+                    gen = Gen(parsed.rule.name, trial if mode == "instance" else 1000 + trial, world, rank)
+                    where = f"{mode} trial {trial}, rank {rank} of {world}"
+                    try:
+                        bindings = make(gen)
+                        if bindings is None:  # this rank has no instance of the pattern
+                            continue
+                        result = Instance(parsed, gen, bindings, facts).run(near_miss=mode == "near miss")
+                    except RecipeError as exc:
+                        report.recipe_problems.append(f"{where}: {exc}")
+                        continue
+                    except (Undefined, Unbound, TypeError, ValueError, RuntimeError, IndexError, KeyError) as exc:
+                        report.recipe_problems.append(f"{where}: {type(exc).__name__} {exc}")
+                        continue
+                    partials.extend(result.partials)
+                    vacuous += result.vacuous
+                    definite += result.definite
+                    if mode == "instance":
+                        report.instances += 1
+                        report.problems.extend(f"{where}: {w}" for w in result.wrong)
+                    elif result.failed_guards:
+                        report.near_misses += 1
+                        rejected += 1
+                        world_wrong |= bool(result.wrong)
+                    else:
+                        accepted += 1
+                        if result.wrong:
+                            report.problems.append(
+                                f"{where}: the side conditions accept a near miss on which {result.wrong[0]}"
+                            )
+                problem = _partials_wrong(partials)
+                if mode == "instance" and problem:
+                    report.problems.append(f"trial {trial}, world {world}: {problem}")
+                elif problem and accepted and not rejected:
+                    report.problems.append(
+                        f"near miss trial {trial}, world {world}: the side conditions accept it, and {problem}"
+                    )
+                elif problem or world_wrong:
+                    wrong_near_misses += 1
+                if accepted and not report.problems:
+                    report.recipe_problems.append(
+                        f"near miss trial {trial}, world {world}: passes every side condition"
+                    )
+    if report.instances == 0:
+        report.recipe_problems.append("the recipe produced no instance")
+    if vacuous and not definite:
+        report.recipe_problems.append("every pending selection was undefined: the check is vacuous")
+    if near_miss is not None and not report.near_misses:
+        report.recipe_problems.append("the near-miss recipe produced no instance")
+    elif near_miss is not None and not wrong_near_misses:
+        report.recipe_problems.append(
+            "no near miss makes the conclusion false: it shows no need for the side condition"
+        )
+    return report
+
+
+__all__ = ["ParsedRule", "RecipeError", "RuleReport", "Str", "check_rule", "parse", "parsed_rules"]

@@ -1,0 +1,1201 @@
+"""How to instantiate each rule: the free values of its pattern, drawn at random for one rank of a world.
+
+`INSTANCES[name]` binds values that satisfy the rule's side conditions; the harness derives the
+rest from the premises and checks them. `NEAR_MISSES[name]` (for every rule with side conditions)
+binds values one side condition rejects (an off-by-one slice, the selected dim equal to the
+reduced one, a non-linear op, a mask broadcast along the wrong dim) and on which the conclusion
+would be false. A rule added to the library without an entry here fails the suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..capture.normalize import _BINARY, _UNARY
+from .harness import Gen, Recipe, class_facts
+from .meaning import MultiSet, indices, range_list
+
+INSTANCES: dict[str, Recipe] = {}
+NEAR_MISSES: dict[str, Recipe] = {}
+
+_ATTRS = '{"enable_gqa": false, "is_causal": %s, "scale": null}'
+
+
+def instance(*names: str) -> Callable[[Recipe], Recipe]:
+    def register(recipe: Recipe) -> Recipe:
+        for name in names:
+            assert name not in INSTANCES, name
+            INSTANCES[name] = recipe
+        return recipe
+
+    return register
+
+
+def near_miss(*names: str) -> Callable[[Recipe], Recipe]:
+    def register(recipe: Recipe) -> Recipe:
+        for name in names:
+            assert name not in NEAR_MISSES, name
+            NEAR_MISSES[name] = recipe
+        return recipe
+
+    return register
+
+
+def _members(relation: str) -> list[str]:
+    return sorted(value for kind, value in class_facts() if kind == relation)
+
+
+def _within(g: Gen, low: int, high: int, most: int = 2) -> tuple:
+    """Ranges inside [low, high)."""
+    term = g.selection(high - low, most)
+    return range_list([(s + low, e + low) for s, e in _pairs(term)])
+
+
+def _pairs(term: tuple) -> list[tuple[int, int]]:
+    pairs = []
+    while term[0] == "RCons":
+        pairs.append((term[1], term[2]))
+        term = term[3]
+    return pairs
+
+
+def _scrambled_whole(g: Gen, n: int) -> tuple:
+    """All of [0, n) out of order: a selection as large as the dim that still moves every index."""
+    cut = g.int(1, n - 1)
+    return range_list([(cut, n), (0, cut)])
+
+
+def _shape(g: Gen, nd: int, low: int = 2, high: int = 5) -> list[int]:
+    return [g.int(low, high) for _ in range(nd)]
+
+
+# ---------------------------------------------------------------------------------------------
+# ranges
+# ---------------------------------------------------------------------------------------------
+@instance("range-append-nil")
+def _(g: Gen) -> dict[str, Any]:
+    return {"r": g.selection(9)}
+
+
+@instance("range-append-cons")
+def _(g: Gen) -> dict[str, Any]:
+    s = g.int(0, 6)
+    return {"s": s, "e": s + g.int(0, 4), "t": g.selection(9), "r": g.selection(9)}
+
+
+@instance("range-shift-nil", "range-mul-nil", "range-div-nil")
+def _(g: Gen) -> dict[str, Any]:
+    return {"k": g.int(1, 5)}
+
+
+@instance("range-shift-cons", "range-mul-cons")
+def _(g: Gen) -> dict[str, Any]:
+    s = g.int(0, 6)
+    return {"s": s, "e": s + g.int(1, 4), "t": g.selection(9), "k": g.int(1, 5)}
+
+
+@instance("range-clip-nil")
+def _(g: Gen) -> dict[str, Any]:
+    a = g.int(0, 5)
+    return {"a": a, "b": a + g.int(0, 5)}
+
+
+@instance("range-clip-cons")
+def _(g: Gen) -> dict[str, Any]:
+    a = g.int(0, 4)
+    b = a + g.int(3, 9)
+    s = g.int(a, b - 1)
+    return {"s": s, "e": g.int(s + 1, b), "t": _within(g, a, b), "a": a, "b": b}
+
+
+@near_miss("range-clip-cons")
+def _(g: Gen) -> dict[str, Any]:
+    # the first range reaches one past the window
+    a = g.int(0, 4)
+    b = a + g.int(3, 9)
+    s = g.int(a, b - 1)
+    return {"s": s, "e": b + 1, "t": _within(g, a, b), "a": a, "b": b}
+
+
+@instance("range-div-cons")
+def _(g: Gen) -> dict[str, Any]:
+    k = g.int(1, 4)
+    i = g.int(0, 3)
+    blocks = _pairs(g.selection(5))
+    return {"s": i * k, "e": (i + g.int(1, 3)) * k, "t": range_list([(s * k, e * k) for s, e in blocks]), "k": k}
+
+
+@near_miss("range-div-cons")
+def _(g: Gen) -> dict[str, Any]:
+    k = g.int(2, 4)
+    i = g.int(0, 3)
+    return {"s": i * k + 1, "e": (i + 2) * k, "t": ("RNil",), "k": k}
+
+
+@instance("range-sub-empty")
+def _(g: Gen) -> dict[str, Any]:
+    r = g.selection(9)
+    return {"r": r, "a": g.int(0, len(indices(r)))}
+
+
+def _first_and_rest(g: Gen) -> tuple[int, int, tuple]:
+    s = g.int(0, 5)
+    e = s + g.int(2, 5)
+    rest = _within(g, e + 1, e + 9)  # not adjacent to the first range
+    return s, e, rest
+
+
+@instance("range-sub-inside")
+def _(g: Gen) -> dict[str, Any]:
+    s, e, t = _first_and_rest(g)
+    a = g.int(0, e - s - 1)
+    return {"s": s, "e": e, "t": t, "a": a, "b": g.int(a + 1, e - s)}
+
+
+@near_miss("range-sub-inside")
+def _(g: Gen) -> dict[str, Any]:
+    s, e, t = _first_and_rest(g)
+    return {"s": s, "e": e, "t": t, "a": 0, "b": e - s + 1}  # one past the first range
+
+
+@instance("range-sub-skip")
+def _(g: Gen) -> dict[str, Any]:
+    s, e, t = _first_and_rest(g)
+    n = len(indices(t))
+    a = g.int(e - s, e - s + n - 1)
+    return {"s": s, "e": e, "t": t, "a": a, "b": g.int(a + 1, e - s + n)}
+
+
+@near_miss("range-sub-skip")
+def _(g: Gen) -> dict[str, Any]:
+    s, e, t = _first_and_rest(g)
+    return {"s": s, "e": e, "t": t, "a": e - s - 1, "b": e - s + 1}  # starts one inside the first range
+
+
+@instance("range-sub-straddle")
+def _(g: Gen) -> dict[str, Any]:
+    s, e, t = _first_and_rest(g)
+    n = len(indices(t))
+    return {"s": s, "e": e, "t": t, "a": g.int(0, e - s - 1), "b": g.int(e - s + 1, e - s + n)}
+
+
+@near_miss("range-sub-straddle")
+def _(g: Gen) -> dict[str, Any]:
+    s, e, t = _first_and_rest(g)
+    return {"s": s, "e": e, "t": t, "a": e - s + 1, "b": e - s + 2}  # entirely past the first range
+
+
+@instance("range-compose-nil")
+def _(g: Gen) -> dict[str, Any]:
+    return {"r": g.selection(9)}
+
+
+@instance("range-compose-cons")
+def _(g: Gen) -> dict[str, Any]:
+    r = g.selection(12)
+    n = len(indices(r))
+    a = g.int(0, n - 1)
+    return {"r": r, "a": a, "b": g.int(a, n), "t": g.selection(n)}
+
+
+@instance("range-merge-adjacent")
+def _(g: Gen) -> dict[str, Any]:
+    s = g.int(0, 4)
+    e = s + g.int(0, 3)
+    return {"s": s, "e": e, "f": e + g.int(0, 3), "t": _within(g, e + 4, e + 12)}
+
+
+@instance("range-evaluated-nil")
+def _(g: Gen) -> dict[str, Any]:
+    return {}
+
+
+@instance("range-evaluated-cons")
+def _(g: Gen) -> dict[str, Any]:
+    s = g.int(0, 4)
+    return {"s": s, "e": s + g.int(1, 3), "t": g.selection(9)}
+
+
+@instance("pending-selection-evaluated")
+def _(g: Gen) -> dict[str, Any]:
+    n = g.int(3, 8)
+    return {"X": g.tensor(3, n, 2), "d": -2, "R": g.selection(n)}
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes
+# ---------------------------------------------------------------------------------------------
+def _slice_of(g: Gen) -> dict[str, Any]:
+    shape = _shape(g, 3)
+    d = g.int(-3, -1)
+    s = g.int(0, shape[d] - 1)
+    return {"x": g.tensor(*shape), "d": d, "s": s, "e": g.int(s, shape[d])}
+
+
+@instance("shape-slice-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _slice_of(g)
+
+
+@instance("shape-slice-other")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _slice_of(g)
+    return bindings | {"d2": g.pick(d for d in (-3, -2, -1) if d != bindings["d"])}
+
+
+@near_miss("shape-slice-other")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _slice_of(g)
+    n = bindings["x"].shape[bindings["d"]]
+    return bindings | {"s": 0, "e": n - 1, "d2": bindings["d"]}  # the sliced dim itself
+
+
+def _cat_of(g: Gen) -> dict[str, Any]:
+    shape = _shape(g, 3)
+    d = g.int(-3, -1)
+    other = list(shape)
+    other[d] = g.int(1, 4)
+    return {"a": g.tensor(*shape), "b": g.tensor(*other), "d": d}
+
+
+@instance("shape-cat-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _cat_of(g)
+
+
+@instance("shape-cat-other")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _cat_of(g)
+    return bindings | {"d2": g.pick(d for d in (-3, -2, -1) if d != bindings["d"])}
+
+
+@near_miss("shape-cat-other")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _cat_of(g)
+    return bindings | {"d2": bindings["d"]}
+
+
+@instance("shape-linear-out", "shape-linear-batch", "linear-of-row-concat")
+def _(g: Gen) -> dict[str, Any]:
+    k = g.int(2, 5)
+    return {
+        "x": g.tensor(g.int(1, 3), g.int(2, 4), k),
+        "w": g.tensor(g.int(2, 6), k),
+        "a": g.tensor(g.int(1, 4), k),
+        "b": g.tensor(g.int(1, 4), k),
+        "d": g.pick((-2, -3)),
+    }
+
+
+@near_miss("shape-linear-batch")
+def _(g: Gen) -> dict[str, Any]:
+    k = g.int(2, 5)
+    return {"x": g.tensor(2, 3, k), "w": g.tensor(k + 1, k), "d": -1}  # the feature dim is not a batch dim
+
+
+# ---------------------------------------------------------------------------------------------
+# concat and slicing
+# ---------------------------------------------------------------------------------------------
+def _two_pieces(g: Gen) -> dict[str, Any]:
+    bindings = _cat_of(g)
+    bindings["a"] = g.tensor(*[max(n, 3) if i == 3 + bindings["d"] else n for i, n in enumerate(bindings["a"].shape)])
+    return bindings
+
+
+@instance("slice-of-concat-first")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _two_pieces(g)
+    return bindings | {"n": bindings["a"].shape[bindings["d"]]}
+
+
+@near_miss("slice-of-concat-first")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _two_pieces(g)
+    return bindings | {"n": bindings["a"].shape[bindings["d"]] + 1}
+
+
+@instance("slice-of-concat-inside-first")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _two_pieces(g)
+    na = bindings["a"].shape[bindings["d"]]
+    s = g.int(1, na - 1)
+    return bindings | {"s": s, "e": g.int(s, na)}
+
+
+@near_miss("slice-of-concat-inside-first")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _two_pieces(g)
+    na = bindings["a"].shape[bindings["d"]]
+    return bindings | {"s": g.int(1, na - 1), "e": na + 1}  # one past the first piece
+
+
+@instance("slice-of-concat-inside-first-start")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _two_pieces(g)
+    return bindings | {"e": g.int(0, bindings["a"].shape[bindings["d"]] - 1)}
+
+
+@near_miss("slice-of-concat-inside-first-start")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _two_pieces(g)
+    return bindings | {"e": bindings["a"].shape[bindings["d"]] + 1}
+
+
+@instance("slice-of-concat-second")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _two_pieces(g)
+    na, nb = bindings["a"].shape[bindings["d"]], bindings["b"].shape[bindings["d"]]
+    s = g.int(na, na + nb)
+    return bindings | {"s": s, "e": g.int(s, na + nb)}
+
+
+@near_miss("slice-of-concat-second")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _two_pieces(g)
+    na, nb = bindings["a"].shape[bindings["d"]], bindings["b"].shape[bindings["d"]]
+    return bindings | {"s": na - 1, "e": na + nb}  # starts one inside the first piece
+
+
+@instance("slice-whole")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _slice_of(g)
+    return {"x": bindings["x"], "d": bindings["d"], "n": bindings["x"].shape[bindings["d"]]}
+
+
+@near_miss("slice-whole")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _slice_of(g)
+    return {"x": bindings["x"], "d": bindings["d"], "n": bindings["x"].shape[bindings["d"]] - 1}
+
+
+@instance("slice-is-selection")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _slice_of(g)
+    return {"X": bindings["x"], "d": bindings["d"], "s": bindings["s"], "e": bindings["e"]}
+
+
+def _selected(g: Gen, nd: int = 3) -> dict[str, Any]:
+    """A reference value X and a selection R of its dim d (a rank's shard, or fused pieces)."""
+    shape = _shape(g, nd)
+    d = g.int(-nd, -1)
+    shape[d] = g.int(3, 9)
+    return {"X": g.tensor(*shape), "d": d, "R": g.selection(shape[d])}
+
+
+@instance("full-selection-is-equal")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    return bindings | {"n": bindings["X"].shape[bindings["d"]]}
+
+
+@near_miss("full-selection-is-equal")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    return bindings | {"n": bindings["X"].shape[bindings["d"]] - 1}  # all but the last index
+
+
+@instance("slice-of-selection")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    n = len(indices(bindings["R"]))
+    a = g.int(0, n)
+    return bindings | {"a": a, "b": g.int(a, n)}
+
+
+@instance("selection-within-slice")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    n = bindings["X"].shape[bindings["d"]]
+    a = g.int(0, n - 2)
+    b = g.int(a + 1, n)
+    return bindings | {"R": _within(g, a, b), "a": a, "b": b}
+
+
+def _other_dim_slice(g: Gen, same_dim: bool) -> dict[str, Any]:
+    bindings = _selected(g)
+    d2 = bindings["d"] if same_dim else g.pick(d for d in (-3, -2, -1) if d != bindings["d"])
+    n = bindings["X"].shape[d2]
+    if same_dim:  # the whole dim, scrambled, so that slicing the rank value is defined
+        bindings["R"] = _scrambled_whole(g, n)
+    a = g.int(0, n - 2)
+    return bindings | {"d2": d2, "a": a, "b": g.int(a + 1, n)}
+
+
+@instance("slice-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _other_dim_slice(g, same_dim=False)
+
+
+@near_miss("slice-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _other_dim_slice(g, same_dim=True)
+
+
+@instance("concat-of-selections")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    n = bindings["X"].shape[bindings["d"]]
+    return {"X": bindings["X"], "d": bindings["d"], "Ra": g.selection(n), "Rb": g.selection(n)}
+
+
+def _pieces_of_a_fused_value(g: Gen, along: int | None = None) -> dict[str, Any]:
+    shape = _shape(g, 3)
+    d = g.int(-3, -1) if along is None else along
+    shape_b = list(shape)
+    shape[d], shape_b[d] = g.int(2, 6), g.int(2, 6)
+    return {"A": g.tensor(*shape), "B": g.tensor(*shape_b), "d": d}
+
+
+@instance("concat-piecewise")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _pieces_of_a_fused_value(g)
+    d = bindings["d"]
+    return bindings | {"Ra": g.selection(bindings["A"].shape[d]), "Rb": g.selection(bindings["B"].shape[d])}
+
+
+@instance("concat-piecewise-left-equal")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _pieces_of_a_fused_value(g)
+    return bindings | {"Rb": g.selection(bindings["B"].shape[bindings["d"]])}
+
+
+@instance("concat-piecewise-right-equal")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _pieces_of_a_fused_value(g)
+    return bindings | {"Ra": g.selection(bindings["A"].shape[bindings["d"]])}
+
+
+def _concat_other_dim(g: Gen, same_dim: bool) -> dict[str, Any]:
+    d = g.int(-3, -1)
+    d2 = d if same_dim else g.pick(x for x in (-3, -2, -1) if x != d)
+    shape = _shape(g, 3)
+    shape[d] = g.int(3, 6)
+    shape_b = list(shape)
+    if not same_dim:
+        shape_b[d2] = g.int(1, 4)
+    return {"A": g.tensor(*shape), "B": g.tensor(*shape_b), "d": d, "d2": d2, "R": g.selection(shape[d])}
+
+
+@instance("concat-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _concat_other_dim(g, same_dim=False)
+
+
+@near_miss("concat-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _concat_other_dim(g, same_dim=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# layout
+# ---------------------------------------------------------------------------------------------
+@instance("view-keep")
+def _(g: Gen) -> dict[str, Any]:
+    if g.int(0, 1):  # (A, N, C) -> (A, N, C1, C2): N is kept as dim -3
+        a, n, c1, c2 = g.int(2, 3), g.int(3, 7), g.int(2, 3), g.int(2, 3)
+        X, R = g.tensor(a, n, c1 * c2), g.selection(n)
+        m = len(indices(R))
+        if m == 1:
+            R, m = range_list([(0, 2)]), 2
+        return {"X": X, "di": -2, "do": -3, "R": R, "s1": g.text((a, n, c1, c2)), "s2": g.text((a, m, c1, c2))}
+    n, c1, c2 = g.int(3, 7), g.int(2, 3), g.int(2, 3)  # (N, C1, C2) -> (N, C1*C2): N is kept as -2
+    X, R = g.tensor(n, c1, c2), g.selection(n)
+    m = len(indices(R))
+    if m == 1:
+        R, m = range_list([(0, 2)]), 2
+    return {"X": X, "di": -3, "do": -2, "R": R, "s1": g.text((n, c1 * c2)), "s2": g.text((m, c1 * c2))}
+
+
+@instance("view-split")
+def _(g: Gen) -> dict[str, Any]:
+    batch, heads, head_dim = g.int(1, 3), g.int(2, 6), g.int(2, 4)
+    chosen = _pairs(g.selection(heads))
+    R = range_list([(s * head_dim, e * head_dim) for s, e in chosen])
+    local = sum(e - s for s, e in chosen)
+    if local == 1:
+        chosen, local = [(0, 2)], 2
+        R = range_list([(0, 2 * head_dim)])
+    return {
+        "X": g.tensor(batch, 3, heads * head_dim),
+        "di": -1,
+        "do": -2,
+        "h": head_dim,
+        "R": R,
+        "s1": g.text((batch, 3, heads, head_dim)),
+        "s2": g.text((batch, 3, local, head_dim)),
+    }
+
+
+@instance("view-merge")
+def _(g: Gen) -> dict[str, Any]:
+    batch, heads, head_dim = g.int(2, 3), g.int(3, 6), g.int(2, 4)
+    R = g.selection(heads)
+    local = len(indices(R))
+    if local == 1:
+        R, local = range_list([(1, 3)]), 2
+    return {
+        "X": g.tensor(batch, heads, head_dim),
+        "di": -2,
+        "do": -1,
+        "h": head_dim,
+        "R": R,
+        "s1": g.text((batch, heads * head_dim)),
+        "s2": g.text((batch, local * head_dim)),
+    }
+
+
+@instance("permute-moves-selection", "window-permute")
+def _(g: Gen) -> dict[str, Any]:
+    perm = [0, 1, 2, 3]
+    g.random.shuffle(perm)
+    di = g.int(-4, -1)
+    bindings = _window(g, di, nd=4) if g.rule == "window-permute" else _selected(g, 4) | {"d": di}
+    if g.rule != "window-permute":
+        shape = list(bindings["X"].shape)
+        shape[di] = g.int(3, 8)
+        bindings |= {"X": g.tensor(*shape), "R": g.selection(shape[di])}
+    return bindings | {"p": g.text(perm), "di": di, "do": perm.index(di + 4) - 4}
+
+
+@instance("expand-keeps-selection")
+def _(g: Gen) -> dict[str, Any]:
+    n, m = g.int(3, 7), g.int(2, 4)
+    R = g.selection(n)
+    local = len(indices(R))
+    if g.int(0, 1):
+        return {"X": g.tensor(1, n), "d": -1, "R": R, "s1": g.text((m, n)), "s2": g.text((m, local))}
+    return {"X": g.tensor(n, 1), "d": -2, "R": R, "s1": g.text((n, m)), "s2": g.text((local, m))}
+
+
+@instance("repeat-scales-selection")
+def _(g: Gen) -> dict[str, Any]:
+    return _selected(g) | {"m": g.int(1, 4)}
+
+
+def _repeat_other(g: Gen, same_dim: bool) -> dict[str, Any]:
+    bindings = _selected(g)
+    d = bindings.pop("d")
+    d2 = d if same_dim else g.pick(x for x in (-3, -2, -1) if x != d)
+    return bindings | {"d2": d, "d": d2, "m": g.int(2, 4)}
+
+
+@instance("repeat-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _repeat_other(g, same_dim=False)
+
+
+@near_miss("repeat-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _repeat_other(g, same_dim=True)
+
+
+@instance("repeat-fewer-copies")
+def _(g: Gen) -> dict[str, Any]:
+    kv_heads, m = g.int(2, 4), g.int(2, 4)
+    return {"X": g.tensor(2, kv_heads, 3), "d": -2, "m": m, "m2": g.int(1, m - 1), "s": g.int(0, kv_heads - 1)}
+
+
+@near_miss("repeat-fewer-copies")
+def _(g: Gen) -> dict[str, Any]:
+    kv_heads, m = g.int(2, 4), g.int(2, 4)
+    return {"X": g.tensor(2, kv_heads, 3), "d": -2, "m": m, "m2": m + 1, "s": g.int(0, kv_heads - 2)}
+
+
+def _window(g: Gen, d: int, nd: int = 3) -> dict[str, Any]:
+    """X whose every group of m consecutive slices along d is equal (repeated KV heads), a window in one group."""
+    groups, m = g.int(2, 3), g.int(2, 4)
+    shape = _shape(g, nd)
+    shape[d] = groups
+    base = g.tensor(*shape)
+    X = base.repeat_interleave(m, dim=d)
+    n = g.int(1, m)
+    lo = g.int(0, groups - 1) * m
+    return {"X": X, "d": d, "lo": lo, "hi": g.int(lo, lo + m - n), "n": n}
+
+
+def _window_slice(g: Gen, same_dim: bool) -> dict[str, Any]:
+    d = g.int(-3, -1)
+    bindings = _window(g, d)
+    d2 = d if same_dim else g.pick(x for x in (-3, -2, -1) if x != d)
+    n = bindings["X"].shape[d2]
+    if same_dim:  # slicing the windowed dim itself: the window no longer lines up
+        window = bindings["X"].shape[d] // 2 + 1
+        return bindings | {"lo": 0, "hi": 0, "n": window, "d2": d, "a": 1, "b": window}
+    a = g.int(0, n - 1)
+    return bindings | {"d2": d2, "a": a, "b": g.int(a + 1, n)}
+
+
+@instance("window-slice")
+def _(g: Gen) -> dict[str, Any]:
+    return _window_slice(g, same_dim=False)
+
+
+@near_miss("window-slice")
+def _(g: Gen) -> dict[str, Any]:
+    return _window_slice(g, same_dim=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise
+# ---------------------------------------------------------------------------------------------
+_FLOAT_BINARY = sorted(set(_BINARY.values()) - {"or", "and", "xor"})
+
+
+@instance("unary-keeps-selection", "unary-keeps-window")
+def _(g: Gen) -> dict[str, Any]:
+    ops = sorted(_UNARY) + [f"cast_{dtype}" for dtype in ("float32", "bfloat16", "int64", "bool")]
+    f = g.pick(ops)
+    bindings = _window(g, g.int(-3, -1)) if g.rule == "unary-keeps-window" else _selected(g)
+    if f == "bitwise_not":
+        bindings["X"] = (bindings["X"] * 10).long()
+    return bindings | {"f": f}
+
+
+@instance("scalar-keeps-selection", "int-scalar-keeps-selection")
+def _(g: Gen) -> dict[str, Any]:
+    f = g.pick(_FLOAT_BINARY + ["r" + name for name in _FLOAT_BINARY if name != "rsub"])
+    c = g.int(1, 3) if g.rule.startswith("int") else str(g.pick((0.5, -1.25, 2.0)))
+    return _selected(g) | {"f": f, "c": c}
+
+
+def _operands(g: Gen, broadcast: str) -> dict[str, Any]:
+    """A selected operand A and a second operand B of the same shape, broadcast along d, or of lower rank."""
+    bindings = _selected(g)
+    X, d = bindings.pop("X"), bindings["d"]
+    shape = list(X.shape)
+    if broadcast == "unit":
+        shape[d] = 1
+    elif broadcast == "lower":  # only the dims right of d (a bias over the last dims, or a scalar)
+        shape = shape[d + 1 :] if d < -1 else []
+    other = g.tensor(*shape)
+    return bindings | {"A": X, "B": other, "f": g.pick(_FLOAT_BINARY)}
+
+
+def _swap(bindings: dict[str, Any]) -> dict[str, Any]:
+    return bindings | {"A": bindings["B"], "B": bindings["A"]}
+
+
+@instance("binary-both-selected")
+def _(g: Gen) -> dict[str, Any]:
+    return _operands(g, "same")
+
+
+@instance("binary-left-selected-right-broadcast")
+def _(g: Gen) -> dict[str, Any]:
+    return _operands(g, "unit")
+
+
+@instance("binary-right-selected-left-broadcast")
+def _(g: Gen) -> dict[str, Any]:
+    return _swap(_operands(g, "unit"))
+
+
+@instance("binary-left-selected-right-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    return _operands(g, "lower")
+
+
+@instance("binary-right-selected-left-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    return _swap(_operands(g, "lower"))
+
+
+def _unbroadcast_operand(g: Gen) -> dict[str, Any]:
+    """B has the full dim where A is selected: the rank's selection would meet the wrong B entries."""
+    bindings = _operands(g, "same")
+    bindings["R"] = _scrambled_whole(g, bindings["A"].shape[bindings["d"]])
+    bindings["f"] = g.pick(("add", "mul", "sub"))
+    return bindings
+
+
+@near_miss("binary-left-selected-right-broadcast", "binary-left-selected-right-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    return _unbroadcast_operand(g)
+
+
+@near_miss("binary-right-selected-left-broadcast", "binary-right-selected-left-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    return _swap(_unbroadcast_operand(g))
+
+
+@instance("fill-selected-mask-broadcast")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    shape = list(bindings["X"].shape)
+    shape[bindings["d"]] = 1
+    return bindings | {"M": g.mask(*shape), "v": g.pick(("0.0", "-inf", "1.5"))}
+
+
+@near_miss("fill-selected-mask-broadcast")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    bindings["R"] = _scrambled_whole(g, bindings["X"].shape[bindings["d"]])
+    return bindings | {"M": g.mask(*bindings["X"].shape), "v": "0.0"}
+
+
+@instance("fill-both-selected")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    return bindings | {"M": g.mask(*bindings["X"].shape), "v": g.pick(("0.0", "-inf"))}
+
+
+@instance("where-all-selected")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    shape = bindings["X"].shape
+    return {"C": g.mask(*shape), "A": bindings["X"], "B": g.tensor(*shape), "d": bindings["d"], "R": bindings["R"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions, normalisation, softmax
+# ---------------------------------------------------------------------------------------------
+_REDUCTION_NAMES = ("sum", "mean", "amax", "amin", "prod", "logsumexp")
+
+
+def _reduced(g: Gen, relation: str, keepdim: int) -> dict[str, Any]:
+    bindings = _selected(g)
+    d2 = bindings.pop("d")
+    choices = {
+        "other": [d for d in (-3, -2, -1) if d != d2],
+        "inner": [d for d in (-3, -2, -1) if d > d2],
+        "outer": [d for d in (-3, -2, -1) if d < d2],
+        "same": [d2],
+    }[relation]
+    if not choices:  # the selected dim has no dim on that side: select another one
+        d2 = -3 if relation == "inner" else -1
+        bindings["X"] = g.tensor(4, 5, 6)
+        bindings["R"] = g.selection(bindings["X"].shape[d2])
+        choices = [-2]
+    if relation == "same":
+        bindings["R"] = _scrambled_whole(g, bindings["X"].shape[d2])
+    return bindings | {"d": g.pick(choices), "d2": d2, "f": g.pick(_REDUCTION_NAMES), "k": keepdim}
+
+
+@instance("reduce-other-dim-keepdim")
+def _(g: Gen) -> dict[str, Any]:
+    return _reduced(g, "other", 1)
+
+
+@near_miss("reduce-other-dim-keepdim")
+def _(g: Gen) -> dict[str, Any]:
+    return _reduced(g, "same", 1)
+
+
+@instance("reduce-inner-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _reduced(g, "inner", 0)
+
+
+@instance("reduce-outer-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _reduced(g, "outer", 0)
+
+
+@near_miss("reduce-inner-dim", "reduce-outer-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _reduced(g, "same", 0)
+
+
+@instance("sum-of-selection-is-partial")
+def _(g: Gen) -> dict[str, Any]:
+    n = g.int(4, 9)
+    shape = _shape(g, 3)
+    d = g.int(-3, -1)
+    shape[d] = n
+    s, e = g.tile(n)
+    return {"X": g.tensor(*shape), "d": d, "k": g.int(0, 1), "s": s, "e": e}
+
+
+@instance("softmax-other-dim", "log-softmax-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _reduced(g, "other", 0)
+    return {"X": bindings["X"], "d": bindings["d"], "d2": bindings["d2"], "R": bindings["R"]}
+
+
+@near_miss("softmax-other-dim", "log-softmax-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    return bindings | {"d2": bindings["d"], "R": g.selection(bindings["X"].shape[bindings["d"]], most=1)}
+
+
+# ---------------------------------------------------------------------------------------------
+# contractions
+# ---------------------------------------------------------------------------------------------
+def _linear(g: Gen, features: int | None = None, outputs: int | None = None) -> dict[str, Any]:
+    k = features or g.int(4, 8)
+    n = outputs or g.int(3, 8)
+    return {"X": g.tensor(g.int(1, 2), g.int(2, 3), k), "W": g.tensor(n, k)}
+
+
+@instance("column-parallel-linear")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _linear(g)
+    return bindings | {"R": g.selection(bindings["W"].shape[0])}
+
+
+@instance("row-parallel-linear")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _linear(g)
+    s, e = g.tile(bindings["X"].shape[-1])
+    return bindings | {"s": s, "e": e}
+
+
+@instance("linear-leading-dim")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _linear(g)
+    d = g.pick((-2, -3))
+    return bindings | {"d": d, "R": g.selection(bindings["X"].shape[d])}
+
+
+@near_miss("linear-leading-dim")
+def _(g: Gen) -> dict[str, Any]:
+    k = g.int(3, 6)
+    bindings = _linear(g, k, k)
+    return bindings | {"d": -1, "R": _scrambled_whole(g, k)}
+
+
+def _matmul(g: Gen, m: int | None = None, k: int | None = None) -> dict[str, Any]:
+    batch = [g.int(2, 3), g.int(2, 4)]
+    m, k, n = m or g.int(2, 5), k or g.int(3, 6), g.int(2, 5)
+    return {"A": g.tensor(*batch, m, k), "B": g.tensor(*batch, k, n)}
+
+
+@instance("matmul-batch")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _matmul(g)
+    d = g.pick((-3, -4))
+    return bindings | {"d": d, "R": g.selection(bindings["A"].shape[d])}
+
+
+@near_miss("matmul-batch")
+def _(g: Gen) -> dict[str, Any]:
+    k = g.int(3, 5)
+    return _matmul(g, k, k) | {"d": -2, "R": _scrambled_whole(g, k)}
+
+
+@instance("matmul-rows")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _matmul(g)
+    return bindings | {"R": g.selection(bindings["A"].shape[-2])}
+
+
+@instance("matmul-columns")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _matmul(g)
+    return bindings | {"R": g.selection(bindings["B"].shape[-1])}
+
+
+@instance("matmul-contraction")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _matmul(g, k=g.int(4, 7))
+    s, e = g.tile(bindings["A"].shape[-1])
+    return bindings | {"s": s, "e": e}
+
+
+def _attention(g: Gen, d: int) -> dict[str, Any]:
+    shape = [g.int(1, 3), g.int(2, 5), g.int(3, 5), g.int(2, 4)]
+    return {
+        "Q": g.tensor(*shape),
+        "K": g.tensor(*shape),
+        "V": g.tensor(*shape),
+        "at": _ATTRS % g.pick(("true", "false")),
+        "d": d,
+        "R": g.selection(shape[d]),
+    }
+
+
+@instance("attention-heads")
+def _(g: Gen) -> dict[str, Any]:
+    return _attention(g, g.pick((-3, -4)))
+
+
+@near_miss("attention-heads")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _attention(g, -2)  # a selection of the sequence: each query then sees other keys
+    return bindings | {"R": g.selection(bindings["Q"].shape[-2], most=1), "at": _ATTRS % "false"}
+
+
+def _grouped_attention(g: Gen, window: str, off_by_one: bool) -> dict[str, Any]:
+    """Query heads [s, e) on a rank, served by a window of one KV head repeated m times (GQA)."""
+    kv_heads, m = g.int(2, 3), g.int(2, 4)
+    batch, seq, dim = g.int(1, 2), g.int(2, 4), g.int(2, 3)
+    heads = kv_heads * m
+    n = g.int(1, m)
+    lo = g.int(0, kv_heads - 2) * m
+    hi = lo + m - n
+    s = hi + 1 if off_by_one else g.int(lo, hi)
+    repeated = {key: g.tensor(batch, kv_heads, seq, dim).repeat_interleave(m, dim=-3) for key in ("K", "V")}
+    other = "V" if window == "K" else "K"
+    return {
+        "Q": g.tensor(batch, heads, seq, dim),
+        **repeated,
+        "at": _ATTRS % "true",
+        "d": -3,
+        "s": s,
+        "e": s + n,
+        "lo": lo,
+        "hi": hi,
+        "n": n,
+        other.lower(): repeated[other].narrow(-3, s, n),
+    }
+
+
+@instance("attention-key-window")
+def _(g: Gen) -> dict[str, Any]:
+    return _grouped_attention(g, "K", off_by_one=False)
+
+
+@near_miss("attention-key-window")
+def _(g: Gen) -> dict[str, Any]:
+    return _grouped_attention(g, "K", off_by_one=True)
+
+
+@instance("attention-value-window")
+def _(g: Gen) -> dict[str, Any]:
+    return _grouped_attention(g, "V", off_by_one=False)
+
+
+@near_miss("attention-value-window")
+def _(g: Gen) -> dict[str, Any]:
+    return _grouped_attention(g, "V", off_by_one=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# embedding
+# ---------------------------------------------------------------------------------------------
+def _vocab(g: Gen) -> dict[str, Any]:
+    vocab, hidden = g.int(5, 12), g.int(2, 4)
+    s, e = g.tile(vocab)
+    return {"W": g.tensor(vocab, hidden), "I": g.ids((2, g.int(2, 4)), vocab), "s": s, "e": e}
+
+
+@instance("embedding-columns")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _vocab(g)
+    return bindings | {"R": g.selection(bindings["W"].shape[-1])}
+
+
+@instance("embedding-rows-of-ids")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _vocab(g)
+    d = g.pick((-1, -2))
+    return bindings | {"d": d, "R": g.selection(bindings["I"].shape[d])}
+
+
+@instance("vocab-mask", "vocab-mask-swapped", "vocab-local-ids", "vocab-local-lookup")
+def _(g: Gen) -> dict[str, Any]:
+    return _vocab(g)
+
+
+@instance("vocab-masked-lookup-is-partial")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _vocab(g)
+    ids = bindings["I"]
+    mask = (ids < bindings["s"]) | (ids >= bindings["e"])
+    return bindings | {"m": mask, "sh": g.text((*ids.shape, 1))}
+
+
+@near_miss("vocab-masked-lookup-is-partial")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _vocab(g)
+    hidden = bindings["W"].shape[-1]
+    ids = g.ids((2, hidden), bindings["W"].shape[0])  # as many positions as features
+    mask = (ids < bindings["s"]) | (ids >= bindings["e"])
+    return bindings | {"I": ids, "m": mask, "sh": g.text((2, 1, hidden))}  # masks features, not positions
+
+
+# ---------------------------------------------------------------------------------------------
+# partial sums and shares
+# ---------------------------------------------------------------------------------------------
+def _partial(g: Gen, shape: tuple[int, ...] | None = None, size: int | None = None) -> dict[str, Any]:
+    """A value X split into K contributions, and this rank's contribution x of its tile [s, e)."""
+    shape = shape or tuple(_shape(g, 3))
+    size = size or g.int(4, 8)
+    measure = g.contributions(shape, size)
+    s, e = g.tile(size)
+    return {"X": g.total(measure), "x": measure.part(s, e), "s": s, "e": e, "K": size}
+
+
+@instance("partial-whole-range")
+def _(g: Gen) -> dict[str, Any]:
+    size = g.int(2, 6)
+    measure = g.contributions(tuple(_shape(g, 2)), size)
+    return {"X": g.total(measure), "x": measure.part(0, size), "K": size}
+
+
+@instance("share-whole")
+def _(g: Gen) -> dict[str, Any]:
+    return {"X": g.tensor(*_shape(g, 2)), "p": g.int(1, 4)}
+
+
+@instance("division-is-share")
+def _(g: Gen) -> dict[str, Any]:
+    return {"X": g.tensor(*_shape(g, 2)), "n": g.int(1, 8)}
+
+
+@instance("share-of-share")
+def _(g: Gen) -> dict[str, Any]:
+    return {"X": g.tensor(*_shape(g, 2)), "p": g.int(1, 3), "q": g.int(1, 4), "n": g.int(1, 4)}
+
+
+@instance("partial-unary-linear")
+def _(g: Gen) -> dict[str, Any]:
+    return _partial(g) | {"f": g.pick(_members("linear-unary"))}
+
+
+@near_miss("partial-unary-linear")
+def _(g: Gen) -> dict[str, Any]:
+    return _partial(g) | {"f": g.pick(("exp", "relu", "square", "cast_int64"))}
+
+
+@instance("partial-scaled", "partial-int-scaled")
+def _(g: Gen) -> dict[str, Any]:
+    c = g.int(1, 4) if g.rule == "partial-int-scaled" else g.pick(("0.5", "-2.0", "3.25"))
+    return _partial(g) | {"f": g.pick(_members("scaling")), "c": c}
+
+
+@near_miss("partial-scaled", "partial-int-scaled")
+def _(g: Gen) -> dict[str, Any]:
+    c = g.int(1, 4) if g.rule == "partial-int-scaled" else "0.5"
+    return _partial(g) | {"f": g.pick(("add", "sub", "pow")), "c": c}
+
+
+def _two_partials(g: Gen, proportional: bool) -> dict[str, Any]:
+    shape = tuple(_shape(g, 2))
+    size, scale = g.int(4, 6), g.int(1, 3)
+    first, second = g.contributions(shape, size), g.contributions(shape, size * scale)
+    s, e = g.tile(size)
+    s2, e2 = (s * scale, e * scale) if proportional else (s, e)  # the second tiled as if it had K indices
+    return {
+        "A": g.total(first),
+        "a": first.part(s, e),
+        "B": g.total(second),
+        "b": second.part(s2, e2),
+        "s": s,
+        "e": e,
+        "K": size,
+        "s2": s2,
+        "e2": e2,
+        "K2": size * scale if proportional else size * 2,
+        "f": g.pick(_members("additive")),
+    }
+
+
+@instance("partial-sum-of-partials")
+def _(g: Gen) -> dict[str, Any]:
+    return _two_partials(g, proportional=True)
+
+
+@near_miss("partial-sum-of-partials")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _two_partials(g, proportional=False)
+    measure = g.contributions(bindings["B"].shape, bindings["K2"])
+    return bindings | {"B": g.total(measure), "b": measure.part(bindings["s2"], bindings["e2"])}
+
+
+def _partial_and_share(g: Gen, share_of_all: bool) -> dict[str, Any]:
+    bindings = _partial(g)
+    A, a = bindings.pop("X"), bindings.pop("x")
+    p, q = (1, 1) if share_of_all else (bindings["e"] - bindings["s"], bindings["K"])
+    return bindings | {"A": A, "a": a, "B": g.tensor(*A.shape), "p": p, "q": q, "f": g.pick(_members("additive"))}
+
+
+@instance("partial-plus-share", "share-plus-partial")
+def _(g: Gen) -> dict[str, Any]:
+    return _partial_and_share(g, share_of_all=False)
+
+
+@near_miss("partial-plus-share", "share-plus-partial")
+def _(g: Gen) -> dict[str, Any] | None:
+    if g.world == 1:  # one rank holding the whole bias is right
+        return None
+    return _partial_and_share(g, share_of_all=True)  # the whole bias added on every rank
+
+
+@instance("partial-times-replicated", "replicated-times-partial")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _partial(g)
+    A, a = bindings.pop("X"), bindings.pop("x")
+    B = g.tensor(*A.shape).abs() + 0.5
+    return bindings | {"A": A, "a": a, "B": B, "f": g.pick(_members("multiplicative"))}
+
+
+@near_miss("partial-times-replicated")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _partial(g)
+    A, a = bindings.pop("X"), bindings.pop("x")
+    return bindings | {"A": A, "a": a, "B": g.tensor(*A.shape), "f": g.pick(("add", "maximum", "pow"))}
+
+
+@instance("partial-reduced-again")
+def _(g: Gen) -> dict[str, Any]:
+    return _partial(g) | {"f": g.pick(_members("additive-reduction")), "d": g.int(-3, -1), "k": g.int(0, 1)}
+
+
+@near_miss("partial-reduced-again")
+def _(g: Gen) -> dict[str, Any]:
+    return _partial(g) | {"f": g.pick(("amax", "amin", "logsumexp")), "d": g.int(-3, -1), "k": g.int(0, 1)}
+
+
+@instance("partial-sliced")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _partial(g)
+    d = g.int(-3, -1)
+    n = bindings["X"].shape[d]
+    a = g.int(0, n - 1)
+    return bindings | {"d": d, "a": a, "b": g.int(a, n)}
+
+
+@instance("partial-viewed")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _partial(g, shape=(2, 3, 4))
+    return bindings | {"s1": g.pick(("6,4", "2,12", "24", "4,3,2"))}
+
+
+@instance("partial-permuted")
+def _(g: Gen) -> dict[str, Any]:
+    perm = [0, 1, 2]
+    g.random.shuffle(perm)
+    return _partial(g) | {"p": g.text(perm)}
+
+
+@instance("share-scaled")
+def _(g: Gen) -> dict[str, Any]:
+    A = g.tensor(*_shape(g, 2))
+    B = g.tensor(*A.shape).abs() + 0.5
+    return {"A": A, "B": B, "p": 1, "q": g.int(1, 4), "f": g.pick(_members("multiplicative"))}
+
+
+@near_miss("share-scaled")
+def _(g: Gen) -> dict[str, Any]:
+    A = g.tensor(*_shape(g, 2))
+    return {"A": A, "B": g.tensor(*A.shape), "p": 1, "q": g.int(2, 4), "f": g.pick(("add", "sub"))}
+
+
+def _tiling(g: Gen) -> tuple[Any, list[Any], list[tuple[int, int]], int]:
+    size = g.int(g.world, g.world + 5)
+    measure = g.contributions(tuple(_shape(g, 2)), size)
+    tiles = g.tiles(size)
+    return g.total(measure), [measure.part(s, e) for s, e in tiles], tiles, size
+
+
+@instance("reduction-cover-start")
+def _(g: Gen) -> dict[str, Any]:
+    Z, parts, tiles, size = _tiling(g)
+    return {"Z": Z, "p": parts[0], "e": tiles[0][1], "K": size}
+
+
+@instance("reduction-cover-extend")
+def _(g: Gen) -> dict[str, Any] | None:
+    if g.rank == 0:  # the first tile starts a cover; it does not extend one
+        return None
+    Z, parts, tiles, size = _tiling(g)
+    s, e = tiles[g.rank]
+    return {"Z": Z, "ms": MultiSet(parts[: g.rank]), "e": s, "p": parts[g.rank], "f": e, "K": size}
+
+
+@instance("all-reduce-of-tiling")
+def _(g: Gen) -> dict[str, Any]:
+    Z, parts, _tiles, size = _tiling(g)
+    return {"Z": Z, "ms": MultiSet(parts), "K": size}

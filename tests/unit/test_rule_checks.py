@@ -1,0 +1,75 @@
+"""Every rule of the library holds on concrete tensors, and its side conditions reject the cases
+where it would be wrong (see shardproof/rulecheck). A rule added without a check fails here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from shardproof.rulecheck.harness import check_rule, class_facts, parse, parsed_rules
+from shardproof.rulecheck.instances import INSTANCES, NEAR_MISSES
+from shardproof.verify.rules import Rule, all_rules
+
+RULES = {parsed.rule.name: parsed for parsed in parsed_rules()}
+
+
+def test_every_rule_has_an_instance_recipe_and_no_recipe_is_stale() -> None:
+    missing = sorted(set(RULES) - set(INSTANCES))
+    stale = sorted(set(INSTANCES) - set(RULES))
+    assert not missing, f"rules without a concrete check (add them to rulecheck/instances.py): {missing}"
+    assert not stale, f"checks of rules that no longer exist: {stale}"
+
+
+def test_every_rule_with_side_conditions_has_a_near_miss() -> None:
+    guarded = {name for name, parsed in RULES.items() if parsed.guarded}
+    missing = sorted(guarded - set(NEAR_MISSES))
+    assert not missing, f"rules whose side conditions are never shown to matter: {missing}"
+    assert set(NEAR_MISSES) <= guarded, "a near miss for a rule without side conditions"
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_rule_holds_on_concrete_tensors(name: str) -> None:
+    report = check_rule(RULES[name], INSTANCES[name], NEAR_MISSES.get(name))
+    assert not report.problems, f"rule {name} is unsound:\n" + "\n".join(report.problems[:5])
+    assert not report.recipe_problems, f"the check of {name} is broken:\n" + "\n".join(report.recipe_problems[:5])
+    assert report.instances >= 10
+    if RULES[name].guarded:
+        assert report.near_misses >= 10
+
+
+def _mutant(name: str, old: str, new: str) -> Rule:
+    rule = next(r for r in all_rules() if r.name == name)
+    assert old in rule.text, (name, old)
+    return dataclasses.replace(rule, text=rule.text.replace(old, new))
+
+
+# Wrong versions of real rules: each must be caught, as unsound or as a side condition that no
+# longer rejects its near miss.
+MUTANTS = [
+    ("column-parallel-linear", "((sel Y y -1 R))", "((sel Y y -2 R))"),  # the wrong output dim
+    ("range-shift-cons", "(+ e k)", "(+ e 1)"),  # shifts one end only
+    ("slice-of-concat-second", "(- s na) (- e na)", "(- s na) (- e (- na 1))"),  # off by one
+    ("row-parallel-linear", "((psum Y y s e K))", "((psum Y y 0 e K))"),  # mislabelled contribution
+    ("vocab-mask", '(ScI "ge" I e)', '(ScI "gt" I e)'),  # the last id of the shard counted outside
+    ("repeat-fewer-copies", "(- (+ (* s m) m) m2)", "(+ (* s m) m)"),  # a window past the copies
+    ("division-is-share", "(frac X x 1 n)", "(frac X x n 1)"),
+    ("softmax-other-dim", " (!= d d2)", ""),  # the guard dropped
+    ("partial-plus-share", " (= (* (- e s) q) (* K p))", ""),  # adds a whole bias on every rank
+    ("slice-of-concat-inside-first", "(<= e na)", "(<= e (+ na 1))"),  # a guard off by one
+    ("view-merge", "(RMul R h)", "(RMul R 1)"),
+    ("embedding-rows-of-ids", "(- d 1)", "d"),
+]
+
+
+@pytest.mark.parametrize(("name", "old", "new"), MUTANTS, ids=[m[0] for m in MUTANTS])
+def test_a_wrong_rule_is_caught(name: str, old: str, new: str) -> None:
+    parsed = parse(_mutant(name, old, new))
+    report = check_rule(parsed, INSTANCES[name], NEAR_MISSES.get(name))
+    assert not report.ok, f"the mutant of {name} ({old} -> {new}) passed its check"
+
+
+def test_only_casts_to_floating_dtypes_are_linear() -> None:
+    linear = {value for kind, value in class_facts() if kind == "linear-unary"}
+    assert {"cast_float32", "cast_bfloat16", "cast_float64"} <= linear
+    assert not {"cast_int64", "cast_int32", "cast_bool", "cast_uint8"} & linear
