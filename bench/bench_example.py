@@ -41,6 +41,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--project", type=Path, default=ROOT / "examples" / "llama")
+    parser.add_argument("--check", default=None, help="the check to time (default: the project's first)")
     args = parser.parse_args()
 
     from shardproof.capture.program import CheckCapture
@@ -49,7 +50,7 @@ def main() -> int:
     from shardproof.verify.sandbox import Sandbox
 
     project = load_project(args.project)
-    check = project.checks[0]
+    check = project.check(args.check) if args.check else project.checks[0]
     reference: list[float] = []
     rows: dict[int, dict[str, list[float]]] = {w: {} for w in args.world_sizes}
     verdicts: dict[int, str] = {}

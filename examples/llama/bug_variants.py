@@ -27,6 +27,12 @@ class BugVariant:
     buggy: str  # its replacement
     world_sizes: tuple[int, ...]  # where the mistake changes the result without a crash
     kind: str  # the discrepancy kind shardproof should report
+    parallel: str = "llama_example.tp:parallelize"  # the parallel model the mistake is in
+
+    @property
+    def check_name(self) -> str:
+        style = "sp" if self.parallel.endswith(".sp:parallelize") else "tp"
+        return f"llama-{style}-{self.name.removeprefix(style + '-')}"
 
     def line_number(self, root: Path = HERE) -> int:
         """1-based line of the mistake (the same in the correct and the buggy file)."""
@@ -141,9 +147,45 @@ VARIANTS: tuple[BugVariant, ...] = (
     ),
 )
 
+# Mistakes in the sequence-parallel version (sp.py, whose collectives act on the sequence dim of
+# a batch-first layout). Each is caught and confirmed numerically; their localization does not
+# point at the mistake's line yet (see tests/e2e/test_llama_example.py).
+SEQUENCE_PARALLEL_VARIANTS: tuple[BugVariant, ...] = (
+    BugVariant(
+        "sp-gather-as-reshape",
+        "the all-gathered sequence shards (stacked along dim 0) are reshaped instead of moved to the sequence dim",
+        "llama_example/sp.py",
+        "return torch.cat(gathered.chunk(world_size, dim=0), dim=1)",
+        "return gathered.reshape(x.shape[0], -1, x.shape[2])",
+        (2, 4),
+        "not-equivalent",
+        parallel="llama_example.sp:parallelize",
+    ),
+    BugVariant(
+        "sp-scatter-without-regroup",
+        "the partial sums are reduce-scattered along dim 0 (the batch) without grouping the sequence chunks by rank",
+        "llama_example/sp.py",
+        "by_rank = torch.cat(x.chunk(world_size, dim=1), dim=0).contiguous()",
+        "by_rank = x.reshape(world_size * x.shape[0], -1, x.shape[2]).contiguous()",
+        (2, 4),
+        "not-equivalent",
+        parallel="llama_example.sp:parallelize",
+    ),
+    BugVariant(
+        "sp-missing-final-gather",
+        "the last norm's sequence shards go to the output projection without being gathered",
+        "llama_example/sp.py",
+        "return self.output(gather_sequence(self.norm(h)))",
+        "return self.output(self.norm(h))",
+        (2, 4),
+        "wrong-layout",
+        parallel="llama_example.sp:parallelize",
+    ),
+)
+
 
 def variant(name: str) -> BugVariant:
-    for v in VARIANTS:
+    for v in VARIANTS + SEQUENCE_PARALLEL_VARIANTS:
         if v.name == name:
             return v
     raise KeyError(name)
@@ -158,9 +200,9 @@ requires-python = ">=3.11"
 python-path = ["."]
 
 [[tool.shardproof.check]]
-name = "llama-tp-{name}"
+name = "{check}"
 reference = "llama_example.model:build"
-parallel = "llama_example.tp:parallelize"
+parallel = "{parallel}"
 inputs = "llama_example.model:example_inputs"
 world-sizes = [{world_sizes}]
 outputs = "replicated"
@@ -185,7 +227,11 @@ def materialize(bug: BugVariant, dest: Path) -> Path:
     target.write_text("".join(lines))
     sizes = ", ".join(str(w) for w in bug.world_sizes)
     quick = min(bug.world_sizes)
-    (dest / "pyproject.toml").write_text(PYPROJECT.format(name=bug.name, world_sizes=sizes, quick_world_size=quick))
+    (dest / "pyproject.toml").write_text(
+        PYPROJECT.format(
+            name=bug.name, check=bug.check_name, parallel=bug.parallel, world_sizes=sizes, quick_world_size=quick
+        )
+    )
     return dest
 
 
@@ -194,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("names", nargs="*", help="variants to write (default: all)")
     args = parser.parse_args(argv)
-    chosen = [variant(n) for n in args.names] if args.names else list(VARIANTS)
+    chosen = [variant(n) for n in args.names] if args.names else list(VARIANTS + SEQUENCE_PARALLEL_VARIANTS)
     for bug in chosen:
         path = materialize(bug, args.outdir / bug.name)
         print(f"{bug.name:28} {path}  ({bug.file}:{bug.line_number()})")

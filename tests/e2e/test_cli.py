@@ -22,13 +22,14 @@ def test_json_verdicts_for_every_declared_world_size(example_root: Path) -> None
     run = shardproof("verify", "--json", cwd=example_root)
     assert run.returncode == 0, run.stderr
     payload = json.loads(run.stdout)
-    (check,) = payload["checks"]
-    assert check["name"] == "llama-tp" and check["verdict"] == "verified"
-    assert [(w["world_size"], w["verdict"]) for w in check["world_sizes"]] == [
-        (2, "verified"),
-        (4, "verified"),
-        (8, "verified"),
-    ]
+    assert [c["name"] for c in payload["checks"]] == ["llama-tp", "llama-sp"]
+    for check in payload["checks"]:
+        assert check["verdict"] == "verified", check["name"]
+        assert [(w["world_size"], w["verdict"]) for w in check["world_sizes"]] == [
+            (2, "verified"),
+            (4, "verified"),
+            (8, "verified"),
+        ]
     assert payload["exit_code"] == 0
     assert run.stderr.strip() == ""  # quiet: no progress, no warnings
 

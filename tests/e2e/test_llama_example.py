@@ -15,17 +15,19 @@ from shardproof.witness.run import compare_numerically
 pytestmark = pytest.mark.slow
 
 
-def test_correct_example_is_verified_at_2_4_and_8(example_root: Path, sandbox) -> None:
+@pytest.mark.parametrize("name", ["llama-tp", "llama-sp"])
+def test_correct_example_is_verified_at_2_4_and_8(name: str, example_root: Path, sandbox) -> None:
+    # llama-sp: the same model with sequence parallelism (all-gather and reduce-scatter on dim 1).
     project = load_project(example_root)
-    result = verify_check(project.check("llama-tp"), project, [2, 4, 8], sandbox)
+    result = verify_check(project.check(name), project, [2, 4, 8], sandbox)
     assert result.error is None
     assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified"), (8, "verified")]
     for r in result.results:
         assert [o.relation for o in r.outputs] == ["replicated"]
         assert r.stats["saturation_status"] == "fixpoint"
         # Cross-check: proven equal, so numerically equal too (float64, random weights, every input trial).
-        numbers = compare_numerically(project.check("llama-tp"), project, r.world_size)
-        assert not numbers.differs, f"llama-tp at world size {r.world_size}: verified but {numbers.to_dict()}"
+        numbers = compare_numerically(project.check(name), project, r.world_size)
+        assert not numbers.differs, f"{name} at world size {r.world_size}: verified but {numbers.to_dict()}"
         assert all(o.max_rel < 1e-9 for o in numbers.outputs)
 
 
@@ -82,3 +84,46 @@ def test_bug_variant_is_reported_at_the_line_of_the_mistake(
     assert finding.witness is not None and finding.witness["status"] == "confirmed", (
         f"{name} at world size {world_size}: a discrepancy without a numeric witness: {finding.witness}"
     )
+
+
+@pytest.fixture(scope="module")
+def sequence_parallel_projects(tmp_path_factory) -> dict[str, Path]:
+    import bug_variants
+
+    root = tmp_path_factory.mktemp("sp-variants")
+    return {v.name: bug_variants.materialize(v, root / v.name) for v in bug_variants.SEQUENCE_PARALLEL_VARIANTS}
+
+
+def _sequence_parallel_cases() -> list[tuple[str, int]]:
+    import bug_variants
+
+    return [(v.name, w) for v in bug_variants.SEQUENCE_PARALLEL_VARIANTS for w in v.world_sizes]
+
+
+@pytest.mark.parametrize(("name", "world_size"), _sequence_parallel_cases())
+def test_sequence_parallel_mistake_is_a_confirmed_discrepancy(
+    name: str, world_size: int, sequence_parallel_projects, sandbox
+) -> None:
+    project = load_project(sequence_parallel_projects[name])
+    (outcome,) = verify_check(project.checks[0], project, [world_size], sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    witness = outcome.discrepancies[0].witness
+    assert witness is not None and witness["status"] == "confirmed", witness
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="localization of sequence-parallel mistakes: the discrepancy is found and confirmed, but the "
+    "walk back to where the fix belongs does not reach the line of the mistake yet",
+)
+@pytest.mark.parametrize("name", ["sp-gather-as-reshape", "sp-scatter-without-regroup", "sp-missing-final-gather"])
+def test_sequence_parallel_mistake_is_reported_at_its_line(name: str, sequence_parallel_projects, sandbox) -> None:
+    import bug_variants
+
+    bug = bug_variants.variant(name)
+    project = load_project(sequence_parallel_projects[name])
+    (outcome,) = verify_check(project.checks[0], project, [2], sandbox, numeric_witness=False).results
+    finding = outcome.discrepancies[0]
+    assert finding.primary is not None
+    assert finding.primary.line == bug.line_number(sequence_parallel_projects[name]), finding.message
+    assert finding.kind == bug.kind

@@ -1147,6 +1147,25 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"d": d, "a": a, "b": g.int(a, n)}
 
 
+@instance("partial-concatenated")
+def _(g: Gen) -> dict[str, Any]:
+    d = g.int(-3, -1)
+    first = _partial(g)
+    shape = list(first["X"].shape)
+    shape[d] = g.int(1, 4)
+    second = g.contributions(tuple(shape), first["K"])
+    return {
+        "A": first["X"],
+        "a": first["x"],
+        "B": g.total(second),
+        "b": second.part(first["s"], first["e"]),
+        "s": first["s"],
+        "e": first["e"],
+        "K": first["K"],
+        "d": d,
+    }
+
+
 @instance("partial-viewed")
 def _(g: Gen) -> dict[str, Any]:
     bindings = _partial(g, shape=(2, 3, 4))

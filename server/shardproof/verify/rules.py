@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "1"
+RULE_LIBRARY_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -659,8 +659,16 @@ _rule(
 _rule(
     "partial-sliced",
     "partial",
-    "slicing contributions is linear",
-    "(rule ((= Y (Slice X d a b)) (= y (Slice x d a b)) (psum X x s e K)) ((psum Y y s e K)))",
+    "slicing contributions is linear (the reference's slice is made if it does not exist: a rank may "
+    "split its partial sums before a reduce-scatter)",
+    "(rule ((= y (Slice x d a b)) (psum X x s e K)) ((psum (Slice X d a b) y s e K)))",
+)
+_rule(
+    "partial-concatenated",
+    "partial",
+    "concatenating the contributions of the same indices of two values is that contribution of their "
+    "concatenation (a rank stacking its partial sums by destination before a reduce-scatter)",
+    "(rule ((= y (Cat a b d)) (psum A a s e K) (psum B b s e K)) ((psum (Cat A B d) y s e K)))",
 )
 _rule(
     "partial-viewed",
