@@ -8,6 +8,7 @@ treating every stderr line as an error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 
@@ -32,9 +33,18 @@ class ClientLogHandler(logging.Handler):
         super().__init__()
         self.server = server
         self.loop = loop
+        self.client_unreachable = False
         self.setFormatter(logging.Formatter("%(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith("pygls.protocol") and record.levelno >= logging.ERROR:
+            # pygls could not talk to the client (it went away, the pipe broke). Sending this record
+            # would fail the same way and log again, forever: from now on, logs go to stderr.
+            self.client_unreachable = True
+        if self.client_unreachable:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(self.format(record) + "\n")
+            return
         try:
             params = types.LogMessageParams(type=_message_type(record.levelno), message=self.format(record))
             # Records may come from helper threads; the transport belongs to the event loop.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcInternalError
 from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path, to_fs_path
 
@@ -90,6 +91,14 @@ class ShardproofLanguageServer(LanguageServer):
         self.background: set[asyncio.Task[Any]] = set()
         self.full_model_running = False
         self.folders: list[str] = []
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        # pygls reports a failure to send (the client went away) by sending a message about it,
+        # which fails the same way and is reported again: a busy loop. Say it where it can be seen.
+        if source is JsonRpcInternalError:
+            logging.getLogger(__name__).error("cannot send to the client: %s", error)
+            return
+        super().report_server_error(error, source)
 
     # -- helpers ---------------------------------------------------------------------------------------
     def spawn(self, coroutine: Any) -> asyncio.Task[Any]:
