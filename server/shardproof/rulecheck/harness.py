@@ -15,6 +15,7 @@ on it, so the side condition is what keeps the rule sound there.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import zlib
@@ -28,7 +29,7 @@ from ..verify import encode
 from ..verify.rules import Rule, all_rules, casts_are_linear, fact_text
 from . import meaning
 from .meaning import MultiSet, Unbound, Undefined, same
-from .sexpr import Str, Sym, head, read, read_all, symbols
+from .sexpr import Sym, head, read, read_all, symbols
 
 WORLD_SIZES = (1, 2, 3, 4)
 TRIALS = 3
@@ -117,12 +118,13 @@ def parsed_rules() -> list[ParsedRule]:
     return [parse(r) for r in all_rules()]
 
 
-def class_facts() -> set[tuple[str, str]]:
+@functools.cache
+def class_facts() -> frozenset[tuple[str, str]]:
     facts = set()
     for form in read_all(fact_text() + "\n" + casts_are_linear(set(_DTYPES))):
         if head(form) in CLASS_RELATIONS:
             facts.add((head(form), form[1].text))
-    return facts
+    return frozenset(facts)
 
 
 # -- instance generation --------------------------------------------------------------------------------
@@ -242,7 +244,7 @@ class InstanceResult:
 
 
 class Instance:
-    def __init__(self, parsed: ParsedRule, gen: Gen, bindings: dict[str, Any], facts: set[tuple[str, str]]):
+    def __init__(self, parsed: ParsedRule, gen: Gen, bindings: dict[str, Any], facts: frozenset[tuple[str, str]]):
         self.parsed = parsed
         self.gen = gen
         self.env = dict(bindings)
@@ -328,7 +330,9 @@ class Instance:
             return same(small, meaning.select(big, dim, ranges))
         if name == "selw":
             big, small, dim, low, high, n = args
-            return low <= high and all(same(small, meaning._slice(big, dim, s, s + n)) for s in range(low, high + 1))
+            return low <= high and all(
+                same(small, meaning.narrow_range(big, dim, s, s + n)) for s in range(low, high + 1)
+            )
         if name == "evaluated":
             return meaning.is_plain(args[0])
         if name == "frac":
@@ -404,7 +408,7 @@ class Instance:
 
 
 def _define_window(gen: Gen, big: Any, _small: Any, dim: int, low: int, high: int, n: int) -> Any:
-    return meaning._slice(big, dim, low, low + n)
+    return meaning.narrow_range(big, dim, low, low + n)
 
 
 def _define_partial_lookup(gen: Gen, _partial: Any, lookup: Any, mask: Any, start: int, end: int) -> Any:
@@ -533,4 +537,4 @@ def check_rule(
     return report
 
 
-__all__ = ["ParsedRule", "RecipeError", "RuleReport", "Str", "check_rule", "parse", "parsed_rules"]
+__all__ = ["ParsedRule", "RecipeError", "RuleReport", "check_rule", "parse", "parsed_rules"]

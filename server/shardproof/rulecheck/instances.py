@@ -42,6 +42,12 @@ def near_miss(*names: str) -> Callable[[Recipe], Recipe]:
     return register
 
 
+def instance_and_near_miss(name: str, make: Callable[[Gen, bool], dict[str, Any]]) -> None:
+    """Register make(g, False) as the instance and make(g, True) as the near miss of a rule."""
+    instance(name)(lambda g: make(g, False))
+    near_miss(name)(lambda g: make(g, True))
+
+
 def _members(relation: str) -> list[str]:
     return sorted(value for kind, value in class_facts() if kind == relation)
 
@@ -64,6 +70,13 @@ def _scrambled_whole(g: Gen, n: int) -> tuple:
     """All of [0, n) out of order: a selection as large as the dim that still moves every index."""
     cut = g.int(1, n - 1)
     return range_list([(cut, n), (0, cut)])
+
+
+def _two_or_more(g: Gen, n: int) -> tuple:
+    """A selection of [0, n) with at least two indices: one index would be a unit dim, which a view
+    may place elsewhere, and then the view's dim facts differ between reference and rank."""
+    ranges = g.selection(n)
+    return ranges if len(indices(ranges)) > 1 else range_list([(0, 2)])
 
 
 def _shape(g: Gen, nd: int, low: int = 2, high: int = 5) -> list[int]:
@@ -422,14 +435,7 @@ def _other_dim_slice(g: Gen, same_dim: bool) -> dict[str, Any]:
     return bindings | {"d2": d2, "a": a, "b": g.int(a + 1, n)}
 
 
-@instance("slice-other-dim")
-def _(g: Gen) -> dict[str, Any]:
-    return _other_dim_slice(g, same_dim=False)
-
-
-@near_miss("slice-other-dim")
-def _(g: Gen) -> dict[str, Any]:
-    return _other_dim_slice(g, same_dim=True)
+instance_and_near_miss("slice-other-dim", _other_dim_slice)
 
 
 @instance("concat-of-selections")
@@ -477,14 +483,7 @@ def _concat_other_dim(g: Gen, same_dim: bool) -> dict[str, Any]:
     return {"A": g.tensor(*shape), "B": g.tensor(*shape_b), "d": d, "d2": d2, "R": g.selection(shape[d])}
 
 
-@instance("concat-other-dim")
-def _(g: Gen) -> dict[str, Any]:
-    return _concat_other_dim(g, same_dim=False)
-
-
-@near_miss("concat-other-dim")
-def _(g: Gen) -> dict[str, Any]:
-    return _concat_other_dim(g, same_dim=True)
+instance_and_near_miss("concat-other-dim", _concat_other_dim)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,28 +493,21 @@ def _(g: Gen) -> dict[str, Any]:
 def _(g: Gen) -> dict[str, Any]:
     if g.int(0, 1):  # (A, N, C) -> (A, N, C1, C2): N is kept as dim -3
         a, n, c1, c2 = g.int(2, 3), g.int(3, 7), g.int(2, 3), g.int(2, 3)
-        X, R = g.tensor(a, n, c1 * c2), g.selection(n)
+        X, R = g.tensor(a, n, c1 * c2), _two_or_more(g, n)
         m = len(indices(R))
-        if m == 1:
-            R, m = range_list([(0, 2)]), 2
         return {"X": X, "di": -2, "do": -3, "R": R, "s1": g.text((a, n, c1, c2)), "s2": g.text((a, m, c1, c2))}
     n, c1, c2 = g.int(3, 7), g.int(2, 3), g.int(2, 3)  # (N, C1, C2) -> (N, C1*C2): N is kept as -2
-    X, R = g.tensor(n, c1, c2), g.selection(n)
+    X, R = g.tensor(n, c1, c2), _two_or_more(g, n)
     m = len(indices(R))
-    if m == 1:
-        R, m = range_list([(0, 2)]), 2
     return {"X": X, "di": -3, "do": -2, "R": R, "s1": g.text((n, c1 * c2)), "s2": g.text((m, c1 * c2))}
 
 
 @instance("view-split")
 def _(g: Gen) -> dict[str, Any]:
     batch, heads, head_dim = g.int(1, 3), g.int(2, 6), g.int(2, 4)
-    chosen = _pairs(g.selection(heads))
+    chosen = _pairs(_two_or_more(g, heads))
     R = range_list([(s * head_dim, e * head_dim) for s, e in chosen])
     local = sum(e - s for s, e in chosen)
-    if local == 1:
-        chosen, local = [(0, 2)], 2
-        R = range_list([(0, 2 * head_dim)])
     return {
         "X": g.tensor(batch, 3, heads * head_dim),
         "di": -1,
@@ -530,10 +522,8 @@ def _(g: Gen) -> dict[str, Any]:
 @instance("view-merge")
 def _(g: Gen) -> dict[str, Any]:
     batch, heads, head_dim = g.int(2, 3), g.int(3, 6), g.int(2, 4)
-    R = g.selection(heads)
+    R = _two_or_more(g, heads)
     local = len(indices(R))
-    if local == 1:
-        R, local = range_list([(1, 3)]), 2
     return {
         "X": g.tensor(batch, heads, head_dim),
         "di": -2,
@@ -550,11 +540,12 @@ def _(g: Gen) -> dict[str, Any]:
     perm = [0, 1, 2, 3]
     g.random.shuffle(perm)
     di = g.int(-4, -1)
-    bindings = _window(g, di, nd=4) if g.rule == "window-permute" else _selected(g, 4) | {"d": di}
-    if g.rule != "window-permute":
-        shape = list(bindings["X"].shape)
+    if g.rule == "window-permute":
+        bindings = _window(g, di, nd=4)
+    else:
+        shape = _shape(g, 4)
         shape[di] = g.int(3, 8)
-        bindings |= {"X": g.tensor(*shape), "R": g.selection(shape[di])}
+        bindings = {"X": g.tensor(*shape), "R": g.selection(shape[di])}
     return bindings | {"p": g.text(perm), "di": di, "do": perm.index(di + 4) - 4}
 
 
@@ -580,14 +571,7 @@ def _repeat_other(g: Gen, same_dim: bool) -> dict[str, Any]:
     return bindings | {"d2": d, "d": d2, "m": g.int(2, 4)}
 
 
-@instance("repeat-other-dim")
-def _(g: Gen) -> dict[str, Any]:
-    return _repeat_other(g, same_dim=False)
-
-
-@near_miss("repeat-other-dim")
-def _(g: Gen) -> dict[str, Any]:
-    return _repeat_other(g, same_dim=True)
+instance_and_near_miss("repeat-other-dim", _repeat_other)
 
 
 @instance("repeat-fewer-copies")
@@ -626,14 +610,7 @@ def _window_slice(g: Gen, same_dim: bool) -> dict[str, Any]:
     return bindings | {"d2": d2, "a": a, "b": g.int(a + 1, n)}
 
 
-@instance("window-slice")
-def _(g: Gen) -> dict[str, Any]:
-    return _window_slice(g, same_dim=False)
-
-
-@near_miss("window-slice")
-def _(g: Gen) -> dict[str, Any]:
-    return _window_slice(g, same_dim=True)
+instance_and_near_miss("window-slice", _window_slice)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -941,24 +918,10 @@ def _grouped_attention(g: Gen, window: str, off_by_one: bool) -> dict[str, Any]:
     }
 
 
-@instance("attention-key-window")
-def _(g: Gen) -> dict[str, Any]:
-    return _grouped_attention(g, "K", off_by_one=False)
+instance_and_near_miss("attention-key-window", lambda g, off_by_one: _grouped_attention(g, "K", off_by_one))
 
 
-@near_miss("attention-key-window")
-def _(g: Gen) -> dict[str, Any]:
-    return _grouped_attention(g, "K", off_by_one=True)
-
-
-@instance("attention-value-window")
-def _(g: Gen) -> dict[str, Any]:
-    return _grouped_attention(g, "V", off_by_one=False)
-
-
-@near_miss("attention-value-window")
-def _(g: Gen) -> dict[str, Any]:
-    return _grouped_attention(g, "V", off_by_one=True)
+instance_and_near_miss("attention-value-window", lambda g, off_by_one: _grouped_attention(g, "V", off_by_one))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -142,8 +142,8 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "sub": torch.sub,
     "mul": torch.mul,
     "div": torch.div,
-    "maximum": lambda a, b: torch.maximum(torch.as_tensor(a), torch.as_tensor(b)),
-    "minimum": lambda a, b: torch.minimum(torch.as_tensor(a), torch.as_tensor(b)),
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
     "pow": torch.pow,
     "eq": torch.eq,
     "ne": torch.ne,
@@ -156,7 +156,7 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "xor": _logical("xor"),
     "remainder": torch.remainder,
     "floor_divide": torch.floor_divide,
-    "atan2": lambda a, b: torch.atan2(torch.as_tensor(a), torch.as_tensor(b)),
+    "atan2": torch.atan2,
     "fmod": torch.fmod,
     "rsub": lambda a, b: torch.sub(b, a),
 }
@@ -213,7 +213,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     )
 
 
-def _slice(x: torch.Tensor, dim: int, start: int, end: int) -> torch.Tensor:
+def narrow_range(x: torch.Tensor, dim: int, start: int, end: int) -> torch.Tensor:
     dim = _checked_dim(x, dim)
     if not 0 <= start <= end <= x.shape[dim]:
         raise Undefined(f"slice [{start}, {end}) of a dim of {x.shape[dim]}")
@@ -221,7 +221,7 @@ def _slice(x: torch.Tensor, dim: int, start: int, end: int) -> torch.Tensor:
 
 
 TENSOR_CONSTRUCTORS: dict[str, Callable[..., Any]] = {
-    "Slice": _slice,
+    "Slice": narrow_range,
     "Cat": lambda a, b, d: torch.cat([a, b], _checked_dim(a, d)),
     "View": lambda x, shape: x.reshape(_shape(shape)),
     "Permute": lambda x, perm: x.permute(_shape(perm)),
