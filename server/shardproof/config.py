@@ -103,6 +103,13 @@ class ParameterOverride:
     line: int
 
 
+def declared_shard(size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[start, end) of a rank's block under a declared `shard:<dim>`: the rank-th of world_size equal
+    blocks (what the static capture assumes and the numeric witness loads)."""
+    per_rank = size // world_size
+    return rank * per_rank, (rank + 1) * per_rank
+
+
 @dataclass(frozen=True)
 class Project:
     root: Path

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import Check, Project
+from ..config import Check, Project, declared_shard
 from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Graph
 from ..relations.expr import Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
@@ -257,13 +257,12 @@ def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size:
     dim = int(relation.split(":")[1])
     nd = len(reference.shape)
     dim = dim - nd if dim >= 0 else dim
-    size = reference.shape[nd + dim]
-    per_rank = size // world_size
+    start, end = declared_shard(reference.shape[nd + dim], rank, world_size)
     return SliceOf(
         source=reference,
         dim=dim,
-        start=rank * per_rank,
-        end=(rank + 1) * per_rank,
+        start=start,
+        end=end,
         shape=expr.shape,
         dtype=reference.dtype,
     )

@@ -26,6 +26,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..config import declared_shard
+
+# A check's declared parameter relations: rank parameter name -> (relation, reference name, line).
+RelationOverride = Callable[[str], "tuple[str, str, int] | None"]
+
 # Relative error (to the largest reference magnitude) above which values count as different. The
 # run is in float64 on small weights: equal programs agree to ~1e-14, real bugs differ by O(1).
 RELATIVE_TOLERANCE = 1e-6
@@ -238,6 +243,7 @@ def run_and_compare(
     module_path: str = "",
     configuration: str = "full",
     seed: int = 0,
+    relation_override: RelationOverride | None = None,
 ) -> NumericComparison:
     """Reference vs all ranks on real numbers, on the example inputs and then on inputs chosen to
     expose boundary mistakes, stopping at the first that differs. Raises NumericRunError when the
@@ -262,7 +268,14 @@ def run_and_compare(
         best: NumericComparison | None = None
         for description, candidate in _input_trials(reference, _to_float64(inputs), world_size, seed):
             comparison = _one_trial(
-                reference, candidate, build_parallel, world_size, output_relation, module_path, configuration
+                reference,
+                candidate,
+                build_parallel,
+                world_size,
+                output_relation,
+                module_path,
+                configuration,
+                relation_override or (lambda _name: None),
             )
             comparison.inputs = description
             if best is None or comparison.differs:
@@ -282,6 +295,7 @@ def _one_trial(
     output_relation: str,
     module_path: str,
     configuration: str,
+    relation_override: RelationOverride,
 ) -> NumericComparison:
     captured: dict[str, Any] = {}
     hook = _hook(reference, module_path, captured, "reference")
@@ -289,7 +303,7 @@ def _one_trial(
     if hook is not None:
         hook.remove()
     copies = [copy.deepcopy(reference) for _ in range(world_size)]
-    rank_outputs = _run_ranks(copies, inputs, build_parallel, world_size, module_path, captured)
+    rank_outputs = _run_ranks(copies, inputs, build_parallel, world_size, module_path, captured, relation_override)
 
     result = NumericComparison(world_size, configuration)
     for index, expected in enumerate(reference_outputs):
@@ -327,6 +341,33 @@ def _hook(module: nn.Module, path: str, into: dict[str, Any], key: str) -> Any:
     return target.register_forward_hook(record)
 
 
+def load_declared_values(
+    module: nn.Module, reference: nn.Module, relation_override: RelationOverride, rank: int, world_size: int
+) -> None:
+    """Give the rank parameters with a declared relation the values it states. The static proof
+    assumes the declaration (it stands for loading the builder cannot show, such as a checkpoint
+    read at run time), so the numbers must run under the same assumption."""
+    reference_tensors = dict(reference.named_parameters(remove_duplicate=False))
+    reference_tensors |= dict(reference.named_buffers(remove_duplicate=False))
+    rank_tensors = list(module.named_parameters(remove_duplicate=False))
+    rank_tensors += list(module.named_buffers(remove_duplicate=False))
+    for name, tensor in rank_tensors:
+        declared = relation_override(name)
+        if declared is None:
+            continue
+        relation, reference_name, _line = declared
+        source = reference_tensors.get(reference_name)
+        if source is None:
+            raise NumericRunError(f"the declaration for {name!r} names {reference_name!r}, which the reference lacks")
+        if relation == "share":
+            source = source / world_size
+        elif relation.startswith("shard:"):
+            dim = int(relation.split(":")[1])
+            start, end = declared_shard(source.shape[dim], rank, world_size)
+            source = source.narrow(dim, start, end - start)
+        tensor.copy_(source)
+
+
 def _run_ranks(
     copies: list[nn.Module],
     inputs: tuple[Any, ...],
@@ -334,6 +375,7 @@ def _run_ranks(
     world_size: int,
     module_path: str,
     captured: dict[str, Any],
+    relation_override: RelationOverride,
 ) -> list[list[Any]]:
     outputs: list[list[Any]] = [[] for _ in range(world_size)]
     failures: list[str] = []
@@ -344,6 +386,7 @@ def _run_ranks(
             dist.init_process_group("threaded", rank=rank, world_size=world_size, store=store)
             with torch.no_grad():
                 module = build_parallel(copies[rank], rank, world_size)
+                load_declared_values(module, copies[rank], relation_override, rank, world_size)
                 module.eval()
                 hook = _hook(module, module_path, captured, f"rank{rank}")
                 flat, _ = tree_flatten(module(*inputs))

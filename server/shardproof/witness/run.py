@@ -29,6 +29,7 @@ def compare_numerically(
             check.outputs,
             module_path=module_path,
             configuration=configuration,
+            relation_override=chosen.relation_override,
         )
 
 
