@@ -1,6 +1,7 @@
 """Static verdicts against real numbers on every bundled example, and what a witness costs.
 
-For the correct Llama example at each declared world size and every bug variant at each world size
+For every check of the Llama example (tensor parallel, sequence parallel) at each declared world
+size and every bug variant at each world size
 where it changes the result: the static verdict, the numeric outcome (float64, random weights, the
 example inputs then boundary and random inputs) and the witness time. A false positive is a
 discrepancy the numbers do not confirm; a false negative is a proof of equality the numbers
@@ -37,8 +38,12 @@ def main() -> None:
     false_positives = false_negatives = 0
     with Sandbox(8192) as sandbox, tempfile.TemporaryDirectory() as tmp:
         project = load_project(ROOT / "examples" / "llama")
-        check = project.check("llama-tp")
-        for outcome in verify_check(check, project, None, sandbox, numeric_witness=False).results:
+        correct = [
+            (f"{check.name} (correct)", check, outcome)
+            for check in project.checks
+            for outcome in verify_check(check, project, None, sandbox, numeric_witness=False).results
+        ]
+        for label, check, outcome in correct:
             times, worst = [], 0.0
             for _ in range(args.runs):
                 start = time.perf_counter()
@@ -47,10 +52,8 @@ def main() -> None:
                 worst = max(worst, max(o.max_rel for o in numbers.outputs))
             numeric = "differs" if numbers.differs else "equal"
             false_negatives += outcome.verdict == "verified" and numbers.differs
-            rows.append(
-                ("llama-tp (correct)", outcome.world_size, outcome.verdict, numeric, statistics.median(times), worst)
-            )
-        for bug in bug_variants.VARIANTS:
+            rows.append((label, outcome.world_size, outcome.verdict, numeric, statistics.median(times), worst))
+        for bug in bug_variants.VARIANTS + bug_variants.SEQUENCE_PARALLEL_VARIANTS:
             variant = load_project(bug_variants.materialize(bug, Path(tmp) / bug.name))
             for world_size in bug.world_sizes:
                 times, status, error = [], "", 0.0
