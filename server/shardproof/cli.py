@@ -6,6 +6,7 @@ Exit codes: 0 all verified, 1 a discrepancy, 2 inconclusive or an error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -104,7 +105,9 @@ def verify(args: argparse.Namespace) -> int:
     results: list[CheckResult] = []
     memory = max(c.bounds.memory_mb for c in checks)
     try:
-        with Sandbox(memory) as sandbox:
+        # stdout carries the report (JSON with --json); what the user's code or its libraries print
+        # while being built (fairscale announces its groups) goes to stderr.
+        with Sandbox(memory) as sandbox, contextlib.redirect_stdout(sys.stderr):
             for check in checks:
                 progress(check.name, 0, "starting")
                 results.append(verify_check(check, project, args.world_size, sandbox, progress))

@@ -25,7 +25,19 @@ memory-mb = 8192
 reference = "mymodel.model:build_small"        # e.g. fewer layers, smaller dimensions
 inputs = "mymodel.model:small_inputs"
 world-sizes = [2]
+
+[[tool.shardproof.check]]                      # one parallel model, world size 1 as the reference
+name = "fairscale-llama"                       # (the fairscale / Megatron habit)
+parallel = "mymodel.parallel:build"            # () -> nn.Module, reads the rank from torch.distributed
+reference = { world-size = 1 }                 # the same builder under a one-rank process group
+inputs = "mymodel.model:example_inputs"
+world-sizes = [2, 4]
 ```
+
+With a world-size-1 reference, a rank parameter relates to the reference parameter of the same
+name by shape: the same shape is replicated, one dim world-size times smaller is the rank's
+contiguous block of it (how fairscale and Megatron initialise and reshard). `parameters`
+declarations override that, e.g. for an interleaved layout.
 
 Keys may be spelled with dashes or underscores. The CLI and the language server both read checks
 through `load_project`.
@@ -69,6 +81,13 @@ class Check:
     line: int = 0  # line of the check's table in pyproject.toml
     key_lines: tuple[tuple[str, int], ...] = ()  # key -> line, for errors about one key
     quick: Check | None = None  # the reduced configuration the editor verifies on every edit
+    # `reference = { world-size = 1 }`: the reference is the parallel builder itself, built and
+    # traced under a one-rank process group (then `reference` repeats the `parallel` spec).
+    reference_world_size: int | None = None
+
+    @property
+    def same_code_reference(self) -> bool:
+        return self.reference_world_size is not None
 
     def for_mode(self, mode: str) -> Check:
         """`quick` (the editor's inline checks, when declared) or `full`."""
@@ -195,6 +214,21 @@ def parse_project(text: str, pyproject: Path) -> Project:
     return Project(root=root, pyproject=pyproject, python_path=python_path, checks=tuple(checks))
 
 
+def _reference_world_size(value: Any, name: str, where: Frame) -> int | None:
+    """`reference = { world-size = 1 }` declares the parallel code at world size 1 as the reference."""
+    if not isinstance(value, dict):
+        return None
+    world_size = _key(value, "world_size")
+    unknown = sorted(set(value) - {"world-size", "world_size"})
+    if unknown or world_size != 1 or isinstance(world_size, bool):
+        raise ConfigError(
+            f"check {name!r}: a table `reference` declares the parallel code at world size 1 as the reference and "
+            f"must be exactly {{ world-size = 1 }}, got {value!r}",
+            where,
+        )
+    return 1
+
+
 def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str]) -> Check:
     if not isinstance(raw, dict):
         raise ConfigError("each [[tool.shardproof.check]] must be a table", site(line))
@@ -213,8 +247,11 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         raise ConfigError(f"check name {name!r} is declared twice", site(key_line("name")))
     seen.add(name)
     specs: dict[str, str] = {}
+    reference_world_size = _reference_world_size(_key(raw, "reference"), name, site(key_line("reference")))
     for key in ("reference", "parallel", "inputs"):
         value = _key(raw, key)
+        if key == "reference" and reference_world_size is not None:
+            continue
         if value is None:
             raise ConfigError(f'check {name!r} has no `{key}` ("package.module:function")', site(line))
         if not isinstance(value, str) or not _SPEC.match(value):
@@ -274,7 +311,8 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
     check = Check(
         key_lines=key_lines,
         name=name,
-        reference=specs["reference"],
+        reference=specs["parallel"] if reference_world_size is not None else specs["reference"],
+        reference_world_size=reference_world_size,
         parallel=specs["parallel"],
         inputs=specs["inputs"],
         world_sizes=tuple(world_sizes),
@@ -302,6 +340,12 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         value = _key(quick_raw, key)
         if value is None:
             continue
+        if key == "reference" and check.same_code_reference:
+            raise ConfigError(
+                f"check {name!r}: quick `reference` cannot be set when the reference is the parallel code at world "
+                "size 1 (set quick `parallel` instead)",
+                site(quick_key_line(key)),
+            )
         if not isinstance(value, str) or not _SPEC.match(value):
             raise ConfigError(
                 f'check {name!r}: quick `{key}` must be "package.module:function", got {value!r}',
@@ -320,6 +364,8 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
                 site(quick_key_line("world_sizes")),
             )
         changes["world_sizes"] = tuple(quick_sizes)
+    if check.same_code_reference and "parallel" in changes:
+        changes["reference"] = changes["parallel"]
     quick_key_lines = tuple((key, quick_key_line(key)) for key in changes)
     return dataclasses.replace(
         check, quick=dataclasses.replace(check, **changes, key_lines=check.key_lines + quick_key_lines)

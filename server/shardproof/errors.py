@@ -48,7 +48,7 @@ def _frame_dict(frame: Frame) -> dict[str, Any]:
 
 def user_code_error(exc: BaseException, stage: str) -> UserCodeError:
     """Wrap an exception from user code, located at the innermost frame of the user's files."""
-    from .capture.frames import is_user_file
+    from .capture.frames import is_user_file, library_of
 
     site: Frame | None = None
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
@@ -56,19 +56,22 @@ def user_code_error(exc: BaseException, stage: str) -> UserCodeError:
         end_col = (exc.end_offset - 1) if exc.end_offset and exc.end_offset > 0 else None
         site = Frame(exc.filename, exc.lineno, "<module>", (exc.text or "").strip(), col, exc.end_lineno, end_col)
     else:
-        frames = traceback.extract_tb(exc.__traceback__)
-        for summary in reversed(frames):
-            if is_user_file(summary.filename):
-                site = Frame(
-                    summary.filename,
-                    summary.lineno or 0,
-                    summary.name,
-                    (summary.line or "").strip(),
-                    getattr(summary, "colno", None),
-                    getattr(summary, "end_lineno", None),
-                    getattr(summary, "end_colno", None),
-                )
-                break
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user_file(f.filename)]
+        # An exception raised inside fairscale or megatron is reported at the user's call into it.
+        own = [f for f in frames if library_of(f.filename) is None]
+        candidates = own or frames
+        if candidates:
+            summary = candidates[-1]
+            site = Frame(
+                summary.filename,
+                summary.lineno or 0,
+                summary.name,
+                (summary.line or "").strip(),
+                getattr(summary, "colno", None),
+                getattr(summary, "end_lineno", None),
+                getattr(summary, "end_colno", None),
+                library_of(summary.filename),
+            )
     message = f"{stage}: {type(exc).__name__}: {_first_line(exc)}"
     detail = "".join(traceback.format_exception(exc)).strip()
     return UserCodeError(message, site, detail)

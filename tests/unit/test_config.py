@@ -91,3 +91,37 @@ def test_unknown_check_name_lists_the_declared_ones() -> None:
     project = parse(GOOD)
     with pytest.raises(ConfigError, match="declared: llama-tp"):
         project.check("nope")
+
+
+SAME_CODE = (
+    GOOD.replace('reference = "m.model:build"', "reference = { world-size = 1 }")
+    + """
+[tool.shardproof.check.quick]
+parallel = "m.tp:parallelize_small"
+world-sizes = [2]
+"""
+)
+
+
+def test_the_same_code_at_world_size_1_can_be_the_reference() -> None:
+    (check,) = parse(SAME_CODE).checks
+    assert check.same_code_reference
+    assert check.reference == check.parallel == "m.tp:parallelize"
+    quick = check.for_mode("quick")
+    assert quick.same_code_reference
+    assert quick.reference == quick.parallel == "m.tp:parallelize_small"
+
+
+@pytest.mark.parametrize("table", ["{ world-size = 2 }", "{ world-size = 1, builder = 'x' }", "{ }"])
+def test_a_reference_table_other_than_world_size_1_is_refused_at_its_line(table: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(SAME_CODE.replace("{ world-size = 1 }", table))
+    assert "world-size = 1" in info.value.message
+    assert info.value.site is not None and info.value.site.line == 7
+
+
+def test_a_same_code_check_cannot_set_a_quick_reference() -> None:
+    text = SAME_CODE.replace('parallel = "m.tp:parallelize_small"', 'reference = "m.model:small"')
+    with pytest.raises(ConfigError) as info:
+        parse(text)
+    assert "quick `reference`" in info.value.message

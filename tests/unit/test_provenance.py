@@ -77,3 +77,20 @@ def test_recomputed_constants_get_the_same_identity() -> None:
     assert px.is_deterministic(ea)
     assert ea == eb
     assert ea != ec
+
+
+def test_same_code_parameters_relate_by_name_and_shape() -> None:
+    from shardproof.capture.program import same_code_relation
+    from shardproof.relations.expr import Fresh, ParamRef, SliceOf
+
+    own = Fresh(shape=(8, 16), dtype="float32", reason="uninitialised (empty)")
+    full = ParamRef(name="w", shape=(8, 32), dtype="float32")
+    # one dim world_size times smaller: the rank's contiguous block of it
+    shard = same_code_relation(own, (8, 16), full, rank=1, world_size=2)
+    assert isinstance(shard, SliceOf) and (shard.dim, shard.start, shard.end) == (-1, 16, 32)
+    # the same shape: replicated
+    assert same_code_relation(own, (8, 32), full, 1, 2) == full
+    # nothing else is guessed: what the builder made stays (and is reported if unrelated)
+    assert same_code_relation(own, (4, 16), full, 1, 2) == own
+    assert same_code_relation(own, (8, 10), full, 1, 2) == own
+    assert same_code_relation(own, (8, 16), None, 1, 2) == own

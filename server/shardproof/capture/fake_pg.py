@@ -8,7 +8,6 @@ parallel groups, Megatron's parallel_state); `reset_library_state` clears what w
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 
 import torch.distributed as dist
@@ -21,14 +20,9 @@ def _destroy_if_initialized() -> None:
 
 def reset_library_state() -> None:
     """Forget model-parallel groups that libraries cache across process-group lifetimes."""
-    fairscale_init = sys.modules.get("fairscale.nn.model_parallel.initialize")
-    if fairscale_init is not None and hasattr(fairscale_init, "destroy_model_parallel"):
-        with contextlib.suppress(Exception):
-            fairscale_init.destroy_model_parallel()
-    megatron_state = sys.modules.get("megatron.core.parallel_state")
-    if megatron_state is not None and hasattr(megatron_state, "destroy_model_parallel"):
-        with contextlib.suppress(Exception):
-            megatron_state.destroy_model_parallel()
+    from .libraries import reset_libraries
+
+    reset_libraries()
 
 
 @contextlib.contextmanager
@@ -40,6 +34,9 @@ def fake_rank(rank: int, world_size: int) -> Iterator[None]:
     reset_library_state()
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
     try:
+        from .libraries import initialise_libraries
+
+        initialise_libraries(world_size)
         yield
     finally:
         reset_library_state()

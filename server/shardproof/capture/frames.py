@@ -66,6 +66,23 @@ def is_user_file(filename: str, extra_skips: tuple[str, ...] = ()) -> bool:
     return not filename.startswith(_skipped_prefixes() + extra_skips)
 
 
+@functools.cache
+def _installed_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(sorted({paths[key].rstrip(os.sep) + os.sep for key in ("purelib", "platlib")}))
+
+
+def library_of(filename: str) -> str | None:
+    """The installed package a file belongs to (fairscale, megatron, transformers, ...), or None
+    for the user's own code. Library frames are kept on every node, but a report points at the
+    user's line that called into the library, with the library frame as related information."""
+    for root in _installed_roots():
+        if filename.startswith(root):
+            top = filename[len(root) :].split(os.sep, 1)[0]
+            return top.removesuffix(".py") or None
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
 def _positions(code: CodeType) -> tuple[tuple[int | None, int | None, int | None, int | None], ...]:
     return tuple(code.co_positions())
@@ -141,7 +158,7 @@ def parse_stack_trace(text: str | None) -> SourceSite | None:
             line, column, end_line, end_column = int(pos["l"]), int(pos["c"]), int(pos["el"]), int(pos["ec"])
         file = match["file"]
         code = linecache.getline(file, line).strip()
-        frames.append(Frame(file, line, name, code, column, end_line, end_column))
+        frames.append(Frame(file, line, name, code, column, end_line, end_column, library_of(file)))
     return SourceSite(tuple(frames)) if frames else None
 
 

@@ -67,6 +67,7 @@ _VIEWS = {
     "unsqueeze_copy",
     "_reshape_alias",
     "_reshape_copy",
+    "view_as",  # fairscale's identity mappings at world size 1 return their input as a view
 }
 _UNARY = {
     "neg",
@@ -171,6 +172,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 def _meta_of(value: Any) -> TensorMeta | None:
     if isinstance(value, torch.Tensor):
         return TensorMeta(tuple(int(s) for s in value.shape), dtype_name(value.dtype))
+    return None
+
+
+def _scalar_literal(value: torch.fx.Node) -> Any:
+    """The number of `x[mask] = 0.0` (traced as index_put of `scalar_tensor(0.0)`), else None."""
+    if value.op == "call_function" and getattr(value.target, "__name__", "").startswith("scalar_tensor"):
+        number = value.args[0] if value.args else None
+        if isinstance(number, int | float) and not isinstance(number, bool):
+            return _literal(number)
     return None
 
 
@@ -500,6 +510,10 @@ class _Builder:
         source = self.value(args[0])
         group_name = str(args[-1])
         group = self.resolve_group(group_name) if self.resolve_group else ()
+        if len(group) == 1 and self.meta(source) == meta:
+            # A collective over one rank is the identity (the same code at world size 1 as the reference).
+            self.alias[fx.name] = source
+            return
         if name == "all_reduce":
             coll = Collective("all_reduce", str(args[1]), group)
         elif name == "all_gather_into_tensor":
@@ -648,6 +662,39 @@ class _Builder:
         self.add(fx, "cat", parts, {"dim": dim}, meta)
         return True
 
+    def op_repeat_interleave(
+        self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta
+    ) -> bool:
+        """x.repeat_interleave(n, dim) with an int n: each slice along dim repeated n times in place,
+        i.e. a new axis after dim, expanded to n, merged back (how repeat_kv is written by hand)."""
+        if len(args) < 2 or not isinstance(args[1], int):
+            return False
+        dim = args[2] if len(args) > 2 else kwargs.get("dim")
+        if not isinstance(dim, int):
+            return False
+        source = self.value(args[0])
+        source_meta = self.meta(source)
+        nd = source_meta.ndim
+        axis = dim % nd
+        repeats = args[1]
+        with_axis = list(source_meta.shape)
+        with_axis.insert(axis + 1, 1)
+        unsqueezed = self.add(
+            fx, "view", [source], {"shape": with_axis}, TensorMeta(tuple(with_axis), source_meta.dtype), suffix=".axis"
+        )
+        expanded_shape = list(with_axis)
+        expanded_shape[axis + 1] = repeats
+        expanded = self.add(
+            fx,
+            "expand",
+            [unsqueezed],
+            {"shape": expanded_shape},
+            TensorMeta(tuple(expanded_shape), source_meta.dtype),
+            suffix=".expand",
+        )
+        self.add(fx, "view", [expanded], {"shape": list(meta.shape)}, meta)
+        return True
+
     def op_linear(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         x, w = self.value(args[0]), self.value(args[1])
         bias = args[2] if len(args) > 2 else kwargs.get("bias")
@@ -731,7 +778,11 @@ class _Builder:
             mask_id = self.add(
                 fx, "view", [mask_id], {"shape": shape}, TensorMeta(tuple(shape), "bool"), suffix=".mask"
             )
-        self.add(fx, "where", [mask_id, self.value(value), self.value(x)], {}, meta)
+        literal = _scalar_literal(value)
+        if literal is not None:
+            self.add(fx, "fill", [self.value(x), mask_id], {"value": literal}, meta)
+        else:
+            self.add(fx, "where", [mask_id, self.value(value), self.value(x)], {}, meta)
         return True
 
     def op_softmax(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:

@@ -154,9 +154,76 @@ def _call_user(fn: Callable[..., Any], stage: str, *args: Any) -> Any:
         raise user_code_error(exc, stage) from None
 
 
+# What torch says when code ignores the meta device: fairscale allocates its shards with the
+# legacy `torch.Tensor(rows, cols)` constructor (always CPU) and copies meta values into them.
+_IGNORES_META = "from device meta to device cpu"
+
+
+def _build_module(build: Callable[..., Any], stage: str, tracker: ProvenanceTracker, *args: Any) -> Any:
+    """Run a builder on the meta device (nothing is allocated). A builder that ignores the meta
+    device runs again under FakeTensorMode. Tensors it made off the meta device either way
+    (fairscale's legacy `torch.Tensor(rows, cols)` is always CPU) are moved to meta."""
+    try:
+        with tracker, torch.device("meta"):
+            module = build(*args)
+    except (ConfigError, UserCodeError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any error in user code is reported at its line
+        if _IGNORES_META not in str(exc):
+            raise user_code_error(exc, stage) from None
+        module = _build_faked(build, stage, tracker, *args)
+    if isinstance(module, nn.Module):
+        _move_to_meta(module, tracker)
+    return module
+
+
+def _build_faked(build: Callable[..., Any], stage: str, tracker: ProvenanceTracker, *args: Any) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), tracker:
+            return build(*args)
+    except Exception as exc:  # noqa: BLE001 - any error in user code is reported at its line
+        raise user_code_error(exc, stage) from None
+
+
+def _move_to_meta(module: nn.Module, tracker: ProvenanceTracker) -> None:
+    """Replace every tensor of a module that is not on the meta device (a fake or a CPU tensor)
+    by a meta tensor, keeping sharing and what the tracker knows of it."""
+    moved: dict[int, torch.Tensor] = {}
+
+    def meta_of(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in moved:
+            replacement = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+            if isinstance(tensor, nn.Parameter):
+                replacement = nn.Parameter(replacement, requires_grad=tensor.requires_grad)
+            tracker.register(replacement, tracker.expr_of(tensor))
+            moved[id(tensor)] = replacement
+        return moved[id(tensor)]
+
+    def off_meta(value: object) -> bool:
+        return isinstance(value, torch.Tensor) and (value.device.type != "meta" or _is_fake(value))
+
+    for submodule in module.modules():
+        for name, param in list(submodule._parameters.items()):
+            if off_meta(param):
+                submodule._parameters[name] = meta_of(param)  # type: ignore[arg-type,assignment]
+        for name, buffer in list(submodule._buffers.items()):
+            if off_meta(buffer):
+                submodule._buffers[name] = meta_of(buffer)  # type: ignore[arg-type]
+        for name, value in list(vars(submodule).items()):
+            if not name.startswith("_") and off_meta(value):
+                setattr(submodule, name, meta_of(value))  # type: ignore[arg-type]
+
+
+def _is_fake(tensor: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
+
+
 def _build_reference(build: Callable[[], Any], tracker: ProvenanceTracker) -> tuple[nn.Module, dict[str, Expr]]:
-    with tracker, torch.device("meta"):
-        module = _call_user(build, "building the reference")
+    module = _build_module(build, "building the reference", tracker)
     if not isinstance(module, nn.Module):
         raise UserCodeError(f"the reference builder returned {type(module).__name__}, not an nn.Module")
     module.eval()
@@ -248,6 +315,20 @@ def _quiet_torch_logs() -> Iterator[None]:
         logging.disable(previous)
 
 
+def same_code_relation(own: Expr, shape: tuple[int, ...], reference: Expr | None, rank: int, world_size: int) -> Expr:
+    """A rank tensor of the same code as the world-size-1 reference: the reference tensor of the
+    same name when the shapes agree, the rank's contiguous block along the one dim that is
+    world_size times smaller (fairscale's and Megatron's layout), else what the builder made."""
+    if reference is None or len(reference.shape) != len(shape):
+        return own
+    if reference.shape == shape:
+        return reference
+    differing = [d for d, (ours, theirs) in enumerate(zip(shape, reference.shape, strict=True)) if ours != theirs]
+    if len(differing) != 1 or reference.shape[differing[0]] != shape[differing[0]] * world_size:
+        return own
+    return _override(own, f"shard:{differing[0]}", reference, rank, world_size)
+
+
 def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size: int) -> Expr:
     """An explicit relation from the declaration, for shards the builder initialises itself."""
     if relation == "replicated":
@@ -315,9 +396,17 @@ class CheckCapture:
                 if not isinstance(inputs, tuple):
                     inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
                 tracker = ProvenanceTracker()
-                module, values = _build_reference(self.build_reference, tracker)
-                program = _export(module, _to_meta(inputs), "tracing the reference")
-                graph = to_graph(program, "reference", None, 1)
+                if self.check.same_code_reference:
+                    # The parallel code itself under a one-rank process group: its collectives
+                    # are over one rank, the identity.
+                    with fake_rank(0, 1):
+                        module, values = _build_reference(self.build_reference, tracker)
+                        program = _export(module, _to_meta(inputs), "tracing the reference (world size 1)")
+                        graph = to_graph(program, "reference", None, 1, group_ranks)
+                else:
+                    module, values = _build_reference(self.build_reference, tracker)
+                    program = _export(module, _to_meta(inputs), "tracing the reference")
+                    graph = to_graph(program, "reference", None, 1)
             self._reference = ReferenceCapture(graph, values, inputs, time.perf_counter() - start)
         return self._reference
 
@@ -331,15 +420,13 @@ class CheckCapture:
                 self.progress(f"capturing rank {rank} of {world_size}")
                 with fake_rank(rank, world_size):
                     tracker = ProvenanceTracker()
-                    reference_module, reference_values = _build_reference(self.build_reference, tracker)
-                    with tracker, torch.device("meta"):
-                        module = _call_user(
-                            self.build_parallel,
-                            f"building rank {rank} of {world_size}",
-                            reference_module,
-                            rank,
-                            world_size,
-                        )
+                    stage = f"building rank {rank} of {world_size}"
+                    if self.check.same_code_reference:
+                        reference_values = reference.values
+                        module = _build_module(self.build_parallel, stage, tracker)
+                    else:
+                        reference_module, reference_values = _build_reference(self.build_reference, tracker)
+                        module = _build_module(self.build_parallel, stage, tracker, reference_module, rank, world_size)
                     if not isinstance(module, nn.Module):
                         raise UserCodeError(
                             f"the parallel builder returned {type(module).__name__} for rank {rank}, not an nn.Module"
@@ -364,8 +451,12 @@ class CheckCapture:
         tensors = list(module.named_parameters(remove_duplicate=False)) + list(
             module.named_buffers(remove_duplicate=False)
         )
+        buffers = {name for name, _ in module.named_buffers(remove_duplicate=False)}
         for name, tensor in tensors:
             expr = tracker.expr_of(tensor)
+            if self.check.same_code_reference and not (name in buffers and is_deterministic(expr)):
+                # Parameters (and loaded buffers) of the same code at world size 1, by name and shape.
+                expr = same_code_relation(expr, tuple(tensor.shape), reference_values.get(name), rank, world_size)
             override = self.check.relation_override(name)
             if override is not None:
                 relation, reference_name, line = override

@@ -26,6 +26,7 @@ class Frame:
     column: int | None = None  # 0-based, code points
     end_line: int | None = None
     end_column: int | None = None  # exclusive
+    library: str | None = None  # the installed package of this frame (fairscale, megatron, ...), None for user code
 
     def location(self) -> str:
         col = f":{self.column + 1}" if self.column is not None else ""
@@ -40,7 +41,20 @@ class SourceSite:
 
     @property
     def innermost(self) -> Frame | None:
+        """Where the op ran in the user's code: the innermost frame outside installed libraries
+        (the user's call into fairscale, not fairscale's all_reduce line), else the innermost."""
+        for frame in reversed(self.frames):
+            if frame.library is None:
+                return frame
         return self.frames[-1] if self.frames else None
+
+    def library_frame_inside(self, frame: Frame) -> Frame | None:
+        """The innermost library frame called from `frame`, if the op ran inside a library."""
+        if frame not in self.frames:
+            return None
+        inner = self.frames[self.frames.index(frame) + 1 :]
+        libraries = [f for f in inner if f.library is not None]
+        return libraries[-1] if libraries else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"frames": [asdict(f) for f in self.frames]}

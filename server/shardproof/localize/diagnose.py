@@ -30,7 +30,7 @@ from ..relations import expr as px
 from ..results import Discrepancy, Site, Unsupported
 from ..verify.encode import CollectiveIssue
 from ..verify.relations_found import Relation, RelationIndex
-from .sites import Line, line_of, pick_frame, reference_lines, short, to_site
+from .sites import Line, library_site, line_of, pick_frame, reference_lines, short, to_site
 
 _LINEAR_OPS = {
     ("binary", "add"),
@@ -143,6 +143,8 @@ class Localizer:
         self.rank_consumers = [g.consumers() for g in evidence.ranks]
         self.topo = {n.id: i for i, n in enumerate(self.reference.nodes)}
         self.ref_lines = reference_lines(self.reference)
+        # user line -> the library frame it called into, for every rank site shown (related info)
+        self.library_calls: dict[Line, Site] = {}
 
     # -- entry point ----------------------------------------------------------------------------------
     def explain(self, failing_outputs: list[int]) -> Discrepancy | Unsupported:
@@ -323,10 +325,22 @@ class Localizer:
         return to_site(frame, note)
 
     def rank_site(self, node: Node, note: str = "", innocent: set[Line] | None = None) -> Site | None:
-        return to_site(pick_frame(node.site, self.ref_lines | (innocent or set())), note)
+        return to_site(self.rank_frame(node, innocent), note)
 
     def rank_frame(self, node: Node, innocent: set[Line] | None = None) -> Frame | None:
-        return pick_frame(node.site, self.ref_lines | (innocent or set()))
+        frame = pick_frame(node.site, self.ref_lines | (innocent or set()))
+        inside = library_site(node.site, frame)
+        if frame is not None and inside is not None:
+            self.library_calls.setdefault(line_of(frame), inside)
+        return frame
+
+    def with_library_context(self, found: Discrepancy | Unsupported) -> Discrepancy | Unsupported:
+        """A report at a user line that called into a library also shows the library's line."""
+        if isinstance(found, Discrepancy) and found.primary is not None:
+            inside = self.library_calls.get((found.primary.file, found.primary.line))
+            if inside is not None and all((s.file, s.line) != (inside.file, inside.line) for s in found.related):
+                found.related.append(inside)
+        return found
 
     def relations_between(self, ref_value: str, rank: int, value: str) -> list[Relation]:
         return [rel for rel, values in self.index.relations(ref_value, rank) if value in values]
@@ -1193,7 +1207,8 @@ def _walk(expr: px.Expr) -> list[px.Expr]:
 
 
 def explain(evidence: Evidence, failing_outputs: list[int]) -> Discrepancy | Unsupported:
-    return Localizer(evidence).explain(failing_outputs)
+    localizer = Localizer(evidence)
+    return localizer.with_library_context(localizer.explain(failing_outputs))
 
 
 __all__ = ["Evidence", "Placeholder", "blocked_tiling", "explain"]

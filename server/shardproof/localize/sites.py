@@ -31,13 +31,26 @@ def reference_lines(reference: Graph) -> set[Line]:
 
 
 def pick_frame(site: SourceSite | None, innocent: set[Line]) -> Frame | None:
+    """The innermost user frame not known to be innocent. Frames inside installed libraries
+    (fairscale, megatron, transformers) are never chosen while a user frame exists: the user can
+    only change how they call the library."""
     if site is None or not site.frames:
         return None
     frames = list(site.frames)
     for frame in reversed(frames):
-        if line_of(frame) not in innocent:
+        if frame.library is None and line_of(frame) not in innocent:
             return frame
-    return frames[-1]
+    return site.innermost
+
+
+def library_site(site: SourceSite | None, chosen: Frame | None) -> Site | None:
+    """The library frame the chosen user frame called into, as related information."""
+    if site is None or chosen is None:
+        return None
+    inner = site.library_frame_inside(chosen)
+    if inner is None:
+        return None
+    return to_site(inner, f"inside {inner.library}: {inner.function}")
 
 
 def to_site(frame: Frame | None, note: str = "") -> Site | None:

@@ -968,6 +968,27 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"I": ids, "m": mask, "sh": g.text((2, 1, hidden))}  # masks features, not positions
 
 
+def _whole_vocab(g: Gen, off_by_one: bool) -> dict[str, Any]:
+    """The masking of a vocabulary-parallel embedding at world size 1: [0, V) is all of it. The
+    near miss masks [0, V - 1) and looks up the last token, which is then zeroed."""
+    bindings = _vocab(g)
+    vocab = bindings["W"].shape[0]
+    ids = bindings["I"]
+    if off_by_one:
+        ids = ids.clone()
+        ids.view(-1)[0] = vocab - 1
+    e = vocab - 1 if off_by_one else vocab
+    mask = (ids < 0) | (ids >= e)
+    local = ids.masked_fill(mask, 0)
+    return bindings | {"I": ids, "e": e, "m": mask, "l": local, "sh": g.text((*ids.shape, 1))}
+
+
+instance_and_near_miss("vocab-whole-range-lookup", _whole_vocab)
+
+
+instance_and_near_miss("vocab-whole-range-mask", _whole_vocab)
+
+
 # ---------------------------------------------------------------------------------------------
 # partial sums and shares
 # ---------------------------------------------------------------------------------------------

@@ -56,12 +56,26 @@ class Encoder:
         self.meta_of: dict[str, TensorMeta] = {}
         self._expr_terms: dict[px.Expr, str] = {}
         self._counter = 0
+        self._names: dict[tuple[str, str], str] = {}
+        self._taken: set[str] = set()
         self.dtypes: set[str] = set()
         self.issues: list[CollectiveIssue] = []
 
     # -- term plumbing ------------------------------------------------------------------------------
     def _name(self, graph: str, value_id: str) -> str:
-        return f"${_SAFE.sub('_', graph)}__{_SAFE.sub('_', value_id)}"
+        """A unique egglog name: sanitising alone is not injective (fx's `stack_1` and the second
+        part `stack.1` of fx's `stack` both become `stack_1`)."""
+        key = (graph, value_id)
+        name = self._names.get(key)
+        if name is None:
+            name = base = f"${_SAFE.sub('_', graph)}__{_SAFE.sub('_', value_id)}"
+            suffix = 1
+            while name in self._taken:
+                suffix += 1
+                name = f"{base}_v{suffix}"
+            self._names[key] = name
+            self._taken.add(name)
+        return name
 
     def _fresh(self, hint: str) -> str:
         self._counter += 1

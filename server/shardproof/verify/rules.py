@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "2"
+RULE_LIBRARY_VERSION = "3"
 
 
 @dataclass(frozen=True)
@@ -580,6 +580,19 @@ _rule(
     "zeroing the outside rows leaves the contribution of vocabulary [s, e) to the lookup",
     '(rule ((embpart y0 Y m s e) (= y (Fill y0 u "0.0")) (= u (View m sh)) (= k (nd m)) (= (+ k 1) (nd u)) '
     "(= 1 (sz u -1)) (= Y (Emb W I)) (= V (sz W -2))) ((psum Y y s e V)))",
+)
+
+_rule(
+    "vocab-whole-range-lookup",
+    "embedding",
+    "local ids of the whole vocabulary [0, V) are the ids themselves (token ids index the vocabulary)",
+    "(rule ((localids l I 0 e) (= y (Emb W l)) (= e (sz W -2))) ((union y (Emb W I))))",
+)
+_rule(
+    "vocab-whole-range-mask",
+    "embedding",
+    "no id lies outside the whole vocabulary [0, V): zeroing the rows of outside ids changes nothing",
+    '(rule ((outside m I 0 e) (= Y (Emb W I)) (= e (sz W -2)) (= y (Fill Y u "0.0")) (= u (View m sh))) ((union y Y)))',
 )
 
 # ---------------------------------------------------------------------------------------------

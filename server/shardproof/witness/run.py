@@ -16,6 +16,11 @@ def compare_numerically(
     from ..capture.program import forget_project_modules, import_roots, load_callable
 
     chosen = check.for_mode(configuration)
+    if chosen.same_code_reference:
+        raise NumericRunError(
+            "the witness does not run the same code at world size 1 yet: it runs the ranks as threads of one "
+            "process, and fairscale and Megatron keep one process-global model-parallel state"
+        )
     with import_roots(project.python_path):
         forget_project_modules(project)
         build_reference = load_callable(chosen.reference, "reference", chosen, project)
