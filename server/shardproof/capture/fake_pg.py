@@ -34,10 +34,11 @@ def fake_rank(rank: int, world_size: int) -> Iterator[None]:
     reset_library_state()
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
     try:
-        from .libraries import initialise_libraries
+        from .libraries import initialise_libraries, library_shims
 
-        initialise_libraries(world_size)
-        yield
+        with library_shims():
+            initialise_libraries(world_size)
+            yield
     finally:
         reset_library_state()
         _destroy_if_initialized()

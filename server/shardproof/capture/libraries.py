@@ -10,6 +10,15 @@ group layout with real tensors.
 
 A builder may initialise the library itself, but must skip that when it is already initialised
 (`model_parallel_is_initialized()`), as a script that is imported twice would.
+
+Megatron-core needs three shims to run on a CPU-only machine, all applied here while a rank is
+captured and undone afterwards (measured with megatron-core 0.16.1):
+- `initialize_model_parallel(..., create_gloo_process_groups=False)`: the fake process group
+  has no gloo side groups;
+- `ModelParallelConfig.use_cpu_initialization = True`: otherwise the layers allocate their
+  weights with `device=torch.cuda.current_device()`;
+- `torch.cuda.current_device()` returns the meta device: sequence-parallel layers allocate their
+  all-gather buffers on it, and on CPU-only torch it raises.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+from collections.abc import Iterator
 
 
 def _fairscale_initialise(world_size: int) -> None:
@@ -28,9 +38,43 @@ def _fairscale_initialise(world_size: int) -> None:
         initialize.initialize_model_parallel(world_size)
 
 
+def _megatron_initialise(world_size: int) -> None:
+    state = sys.modules.get("megatron.core.parallel_state")
+    if state is None or state.model_parallel_is_initialized():
+        return
+    state.initialize_model_parallel(tensor_model_parallel_size=world_size, create_gloo_process_groups=False)
+
+
 def initialise_libraries(world_size: int) -> None:
     """Set up the model-parallel state of the libraries the user's code imported."""
     _fairscale_initialise(world_size)
+    _megatron_initialise(world_size)
+
+
+@contextlib.contextmanager
+def library_shims() -> Iterator[None]:
+    """Megatron-core's CPU shims (see the module docstring), only if the user's code imported it."""
+    config_module = sys.modules.get("megatron.core.model_parallel_config")
+    if config_module is None:
+        yield
+        return
+    import torch
+
+    config_class = config_module.ModelParallelConfig
+    original_post_init = config_class.__post_init__
+    original_device = torch.cuda.current_device
+
+    def cpu_post_init(self: object) -> None:
+        self.use_cpu_initialization = True  # type: ignore[attr-defined]
+        original_post_init(self)
+
+    config_class.__post_init__ = cpu_post_init
+    torch.cuda.current_device = lambda: torch.device("meta")  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        config_class.__post_init__ = original_post_init
+        torch.cuda.current_device = original_device
 
 
 def reset_libraries() -> None:

@@ -214,6 +214,7 @@ class _Builder:
         self.alias: dict[str, str] = {}  # fx node name -> IR value id
         self.metas: dict[str, TensorMeta] = {}
         self.multi: dict[str, list[str | None]] = {}  # multi-output node -> ids of its outputs
+        self.view_nodes: dict[str, str] = {}  # id of a node made by view() -> its source
 
     # -- helpers ----------------------------------------------------------------------------------
     def value(self, arg: Any) -> str:
@@ -431,10 +432,17 @@ class _Builder:
         self.alias[fx.name] = ids[index]  # type: ignore[assignment]
 
     def view(self, fx: torch.fx.Node, source: str, meta: TensorMeta) -> None:
+        # A reshape back to the shape before the previous reshape is that value itself (both are
+        # row-major): Megatron flattens its all-gather buffer and views it back. Other chains stay,
+        # the view rules follow them one step at a time.
+        producer = self.view_nodes.get(source)
+        if producer is not None and self.meta(producer).shape == meta.shape:
+            source = producer
         if self.meta(source).shape == meta.shape:
             self.alias[fx.name] = source
             return
-        self.add(fx, "view", [source], {"shape": list(meta.shape)}, meta)
+        node_id = self.add(fx, "view", [source], {"shape": list(meta.shape)}, meta)
+        self.view_nodes[node_id] = source
 
     def scalar_or_value(self, arg: Any) -> tuple[str | None, Any]:
         if isinstance(arg, torch.fx.Node):
@@ -574,6 +582,46 @@ class _Builder:
             self.alias[fx.name] = source
             return True
         self.add(fx, "slice", [source], {"dim": d, "start": start, "end": end}, meta)
+        return True
+
+    def op_slice_scatter(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """base with base[start:end] along dim replaced by src: base's slices around src, concatenated.
+        (Functionalised writes into a preallocated buffer: Megatron's all-gather buffer.)"""
+        base, src = self.value(args[0]), self.value(args[1])
+        base_meta = self.meta(base)
+        dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+        step = args[5] if len(args) > 5 else kwargs.get("step", 1)
+        if step != 1:
+            return False
+        d = norm_dim(dim, base_meta.ndim)
+        size = base_meta.shape[base_meta.ndim + d]
+        start = args[3] if len(args) > 3 and args[3] is not None else kwargs.get("start") or 0
+        end = args[4] if len(args) > 4 and args[4] is not None else kwargs.get("end") or size
+        start = max(0, min(size, start + size if start < 0 else start))
+        end = max(start, min(size, end + size if end < 0 else end))
+        parts = []
+        for index, (lo, hi, piece) in enumerate([(0, start, base), (start, end, src), (end, size, base)]):
+            if hi <= lo:
+                continue
+            if piece == src:
+                parts.append(src)
+                continue
+            shape = list(base_meta.shape)
+            shape[base_meta.ndim + d] = hi - lo
+            parts.append(
+                self.add(
+                    fx,
+                    "slice",
+                    [base],
+                    {"dim": d, "start": lo, "end": hi},
+                    TensorMeta(tuple(shape), base_meta.dtype),
+                    suffix=f".kept{index}",
+                )
+            )
+        if len(parts) == 1:
+            self.alias[fx.name] = parts[0]
+        else:
+            self.add(fx, "cat", parts, {"dim": d}, meta)
         return True
 
     def op_narrow(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
