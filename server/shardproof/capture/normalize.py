@@ -432,11 +432,11 @@ class _Builder:
         self.alias[fx.name] = ids[index]  # type: ignore[assignment]
 
     def view(self, fx: torch.fx.Node, source: str, meta: TensorMeta) -> None:
-        # A reshape back to the shape before the previous reshape is that value itself (both are
-        # row-major): Megatron flattens its all-gather buffer and views it back. Other chains stay,
-        # the view rules follow them one step at a time.
+        # A flattened value viewed back to its own shape is that value (row-major both ways):
+        # Megatron flattens its all-gather buffer and views it back. Other chains stay as they
+        # are, the view rules follow them one step at a time.
         producer = self.view_nodes.get(source)
-        if producer is not None and self.meta(producer).shape == meta.shape:
+        if producer is not None and self.meta(source).ndim == 1 and self.meta(producer).shape == meta.shape:
             source = producer
         if self.meta(source).shape == meta.shape:
             self.alias[fx.name] = source
