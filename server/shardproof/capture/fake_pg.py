@@ -2,7 +2,7 @@
 
 The fake backend accepts meta tensors and FakeTensors, returns immediately, and leaves data
 untouched: exactly what capture needs. Libraries keep global parallel state (fairscale's model
-parallel groups, Megatron's parallel_state); `reset_library_state` clears what we know of.
+parallel groups, Megatron's parallel_state); `libraries` sets it up for each rank and clears it.
 """
 
 from __future__ import annotations
@@ -12,17 +12,12 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
+from .libraries import initialise_libraries, library_shims, reset_libraries
+
 
 def _destroy_if_initialized() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def reset_library_state() -> None:
-    """Forget model-parallel groups that libraries cache across process-group lifetimes."""
-    from .libraries import reset_libraries
-
-    reset_libraries()
 
 
 @contextlib.contextmanager
@@ -31,16 +26,14 @@ def fake_rank(rank: int, world_size: int) -> Iterator[None]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     _destroy_if_initialized()
-    reset_library_state()
+    reset_libraries()
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
     try:
-        from .libraries import initialise_libraries, library_shims
-
         with library_shims():
             initialise_libraries(world_size)
             yield
     finally:
-        reset_library_state()
+        reset_libraries()
         _destroy_if_initialized()
 
 

@@ -175,6 +175,14 @@ def _meta_of(value: Any) -> TensorMeta | None:
     return None
 
 
+def _slice_bounds(size: int, start: int | None, end: int | None) -> tuple[int, int]:
+    """[start, end) of a slice of a dim of `size`, as Python clamps it (None: the whole dim)."""
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = max(0, min(size, start + size if start < 0 else start))
+    return start, max(start, min(size, end + size if end < 0 else end))
+
+
 def _scalar_literal(value: torch.fx.Node) -> Any:
     """The number of `x[mask] = 0.0` (traced as index_put of `scalar_tensor(0.0)`), else None."""
     if value.op == "call_function" and getattr(value.target, "__name__", "").startswith("scalar_tensor"):
@@ -574,10 +582,7 @@ class _Builder:
             return False
         d = norm_dim(dim, src_meta.ndim)
         size = src_meta.shape[src_meta.ndim + d]
-        start = args[2] if len(args) > 2 and args[2] is not None else 0
-        end = args[3] if len(args) > 3 and args[3] is not None else size
-        start = max(0, min(size, start + size if start < 0 else start))
-        end = max(start, min(size, end + size if end < 0 else end))
+        start, end = _slice_bounds(size, args[2] if len(args) > 2 else None, args[3] if len(args) > 3 else None)
         if start == 0 and end == size:
             self.alias[fx.name] = source
             return True
@@ -595,10 +600,9 @@ class _Builder:
             return False
         d = norm_dim(dim, base_meta.ndim)
         size = base_meta.shape[base_meta.ndim + d]
-        start = args[3] if len(args) > 3 and args[3] is not None else kwargs.get("start") or 0
-        end = args[4] if len(args) > 4 and args[4] is not None else kwargs.get("end") or size
-        start = max(0, min(size, start + size if start < 0 else start))
-        end = max(start, min(size, end + size if end < 0 else end))
+        start, end = _slice_bounds(
+            size, args[3] if len(args) > 3 else kwargs.get("start"), args[4] if len(args) > 4 else kwargs.get("end")
+        )
         parts = []
         for index, (lo, hi, piece) in enumerate([(0, start, base), (start, end, src), (end, size, base)]):
             if hi <= lo:

@@ -180,16 +180,15 @@ def _build_module(build: Callable[..., Any], stage: str, tracker: ProvenanceTrac
 def _build_faked(build: Callable[..., Any], stage: str, tracker: ProvenanceTracker, *args: Any) -> Any:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True), tracker:
-            return build(*args)
-    except Exception as exc:  # noqa: BLE001 - any error in user code is reported at its line
-        raise user_code_error(exc, stage) from None
+    with FakeTensorMode(allow_non_fake_inputs=True), tracker:
+        return _call_user(build, stage, *args)
 
 
 def _move_to_meta(module: nn.Module, tracker: ProvenanceTracker) -> None:
     """Replace every tensor of a module that is not on the meta device (a fake or a CPU tensor)
     by a meta tensor, keeping sharing and what the tracker knows of it."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     moved: dict[int, torch.Tensor] = {}
 
     def meta_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -202,7 +201,7 @@ def _move_to_meta(module: nn.Module, tracker: ProvenanceTracker) -> None:
         return moved[id(tensor)]
 
     def off_meta(value: object) -> bool:
-        return isinstance(value, torch.Tensor) and (value.device.type != "meta" or _is_fake(value))
+        return isinstance(value, torch.Tensor) and (value.device.type != "meta" or isinstance(value, FakeTensor))
 
     for submodule in module.modules():
         for name, param in list(submodule._parameters.items()):
@@ -214,12 +213,6 @@ def _move_to_meta(module: nn.Module, tracker: ProvenanceTracker) -> None:
         for name, value in list(vars(submodule).items()):
             if not name.startswith("_") and off_meta(value):
                 setattr(submodule, name, meta_of(value))  # type: ignore[arg-type]
-
-
-def _is_fake(tensor: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(tensor, FakeTensor)
 
 
 def _build_reference(build: Callable[[], Any], tracker: ProvenanceTracker) -> tuple[nn.Module, dict[str, Expr]]:
@@ -326,7 +319,7 @@ def same_code_relation(own: Expr, shape: tuple[int, ...], reference: Expr | None
     differing = [d for d, (ours, theirs) in enumerate(zip(shape, reference.shape, strict=True)) if ours != theirs]
     if len(differing) != 1 or reference.shape[differing[0]] != shape[differing[0]] * world_size:
         return own
-    return _override(own, f"shard:{differing[0]}", reference, rank, world_size)
+    return _rank_block(reference, differing[0], shape, rank, world_size)
 
 
 def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size: int) -> Expr:
@@ -335,18 +328,15 @@ def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size:
         return reference
     if relation == "share":
         return ScaleOf(source=reference, factor=Fraction(1, world_size), shape=reference.shape, dtype=reference.dtype)
-    dim = int(relation.split(":")[1])
+    return _rank_block(reference, int(relation.split(":")[1]), expr.shape, rank, world_size)
+
+
+def _rank_block(reference: Expr, dim: int, shape: tuple[int, ...], rank: int, world_size: int) -> SliceOf:
+    """Rank `rank`'s contiguous block of `reference` along `dim` (the layout `shard:<dim>` declares)."""
     nd = len(reference.shape)
     dim = dim - nd if dim >= 0 else dim
     start, end = declared_shard(reference.shape[nd + dim], rank, world_size)
-    return SliceOf(
-        source=reference,
-        dim=dim,
-        start=start,
-        end=end,
-        shape=expr.shape,
-        dtype=reference.dtype,
-    )
+    return SliceOf(source=reference, dim=dim, start=start, end=end, shape=shape, dtype=reference.dtype)
 
 
 class CheckCapture:
@@ -448,13 +438,11 @@ class CheckCapture:
         world_size: int,
     ) -> dict[str, Expr]:
         values: dict[str, Expr] = {}
-        tensors = list(module.named_parameters(remove_duplicate=False)) + list(
-            module.named_buffers(remove_duplicate=False)
-        )
-        buffers = {name for name, _ in module.named_buffers(remove_duplicate=False)}
-        for name, tensor in tensors:
+        buffers = list(module.named_buffers(remove_duplicate=False))
+        buffer_names = {name for name, _ in buffers}
+        for name, tensor in list(module.named_parameters(remove_duplicate=False)) + buffers:
             expr = tracker.expr_of(tensor)
-            if self.check.same_code_reference and not (name in buffers and is_deterministic(expr)):
+            if self.check.same_code_reference and not (name in buffer_names and is_deterministic(expr)):
                 # Parameters (and loaded buffers) of the same code at world size 1, by name and shape.
                 expr = same_code_relation(expr, tuple(tensor.shape), reference_values.get(name), rank, world_size)
             override = self.check.relation_override(name)
