@@ -252,6 +252,14 @@ async def test_a_killed_worker_is_replaced_and_the_user_is_told(example) -> None
     await _first_run(client, tp)
     states = [e for e in client.workerStateChanged if str(e["detail"]).startswith("pid ")]
     pid = int(states[-1]["detail"].split()[-1])
+    # Let the first round end (every check, worker idle): a job of that round cancelled by the edit
+    # would end at once and leave the worker idle when the kill arrives.
+    await wait_for(
+        lambda: (
+            {f["check"] for f in _finished(client)} >= {"llama-tp", "llama-sp"}
+            and client.workerStateChanged[-1]["state"] == "idle"
+        )
+    )
     busy_before = _busy_count(client)
     replace_document(client, tp, tp.read_text().replace(ORIGINAL, MISSING), 2)
     # Kill once the worker has the job: "verification started" is announced before the job is handed
