@@ -1,5 +1,6 @@
 """Real-world parallel code from PyPI (fairscale, Megatron-core): one parallel model, the same
-code at world size 1 as the reference; mistakes reported at the user's line."""
+code at world size 1 as the reference; mistakes reported at the user's line, and the static
+verdicts cross-checked with real numbers (every rank in its own process on a gloo group)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from realworld_variants import EXAMPLES, VARIANTS
 
 from shardproof.config import load_project
 from shardproof.pipeline import verify_check
+from shardproof.witness import numeric
+from shardproof.witness.run import compare_numerically, witness
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +41,12 @@ def test_library_model_is_verified_against_itself_at_world_size_1(example: str, 
     ]
     for r in result.results:
         assert [o.relation for o in r.outputs] == ["replicated"]
+        # Cross-check: proven equal, so numerically equal too (float64, random weights, every input trial).
+        numbers = compare_numerically(check, project, r.world_size)
+        assert not numbers.differs, (
+            f"{name} at world size {r.world_size} is proven equal but differs numerically: {numbers.to_dict()}"
+        )
+        assert numbers.outputs and all(o.max_rel <= numeric.RELATIVE_TOLERANCE for o in numbers.outputs)
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +71,11 @@ def test_library_mistake_is_reported_at_the_users_line(name: str, world_size: in
     assert Path(finding.primary.file) == root / bug.file
     assert finding.primary.line == bug.line_number(root), finding.message
     assert "site-packages" not in finding.primary.file
-    # No witness yet for this pattern, and the report says why rather than claiming one.
-    assert finding.witness is not None and finding.witness["status"] == "unconfirmed"
-    assert "world size 1" in finding.witness["reason"]
+    # Confirmed with real numbers: the ranks, each in its own process, differ from world size 1.
+    found = finding.witness
+    assert found is not None and found["status"] == "confirmed", f"{name} at world size {world_size}: {found}"
+    assert found["world_size"] == world_size
+    assert any(o["max_rel"] is None or o["max_rel"] > numeric.RELATIVE_TOLERANCE for o in found["outputs"]), found
 
 
 def test_a_library_frame_is_related_information_not_the_site(variant_projects, sandbox) -> None:
@@ -74,3 +85,92 @@ def test_a_library_frame_is_related_information_not_the_site(variant_projects, s
     finding = result.results[0].discrepancies[0]
     inside = [s for s in finding.related if "fairscale" in s.file]
     assert inside and inside[0].note.startswith("inside fairscale"), finding.related
+
+
+SAME_CODE_MODEL = """
+import torch
+import torch.distributed as dist
+from fairscale.nn.model_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from torch import nn
+
+
+def keep(weight):
+    return weight
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = ColumnParallelLinear(8, 16, bias=False, gather_output=False, init_method=keep)
+        self.down = RowParallelLinear(16, 8, bias=False, input_is_parallel=True, init_method=keep)
+
+    def forward(self, x):
+        return self.down(self.up(x))
+
+
+class WaitsAlone(MLP):
+    def forward(self, x):
+        y = super().forward(x)
+        if dist.get_rank() == 1:
+            dist.all_reduce(y)  # the other rank never joins this one
+            dist.all_reduce(y)
+        return y
+
+
+def build():
+    return MLP()
+
+
+def build_failing_on_rank_1():
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1 cannot find its checkpoint shard")
+    return MLP()
+
+
+def build_waits_alone():
+    return WaitsAlone()
+
+
+def inputs():
+    return (torch.randn(2, 8),)
+"""
+
+
+@pytest.fixture
+def same_code_project(tmp_path: Path):
+    (tmp_path / "sc_model.py").write_text(SAME_CODE_MODEL)
+    checks = "".join(
+        f"""
+[[tool.shardproof.check]]
+name = "{name}"
+parallel = "sc_model:{builder}"
+reference = {{ world-size = 1 }}
+inputs = "sc_model:inputs"
+world-sizes = [2]
+outputs = "replicated"
+"""
+        for name, builder in [("mlp", "build"), ("fails", "build_failing_on_rank_1"), ("waits", "build_waits_alone")]
+    )
+    (tmp_path / "pyproject.toml").write_text('[tool.shardproof]\npython-path = ["."]\n' + checks)
+    return load_project(tmp_path)
+
+
+def test_a_rank_that_fails_in_its_process_is_the_reason_no_witness_exists(same_code_project) -> None:
+    found = witness(same_code_project.check("fails"), same_code_project, 2)
+    assert found["status"] == "unconfirmed"
+    assert "rank 1: RuntimeError: rank 1 cannot find its checkpoint shard" in found["reason"], found
+
+
+def test_ranks_that_never_meet_are_stopped_at_the_deadline(same_code_project, monkeypatch) -> None:
+    monkeypatch.setattr(numeric, "RUN_TIMEOUT_SECONDS", 5.0)
+    found = witness(same_code_project.check("waits"), same_code_project, 2)
+    assert found["status"] == "unconfirmed"
+    # Rank 1's extra collectives pair with rank 0's own, so both end up waiting: both are stopped.
+    assert "the ranks did not finish within 5 s" in found["reason"], found
+
+
+def test_a_same_code_model_too_large_to_run_says_so(same_code_project, monkeypatch) -> None:
+    monkeypatch.setattr(numeric, "MAX_PARAMETER_ELEMENTS", 100)
+    found = witness(same_code_project.check("mlp"), same_code_project, 2)
+    assert found["status"] == "unconfirmed"
+    assert "the model has 256 parameter elements, too many to run" in found["reason"], found

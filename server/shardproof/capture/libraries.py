@@ -17,8 +17,9 @@ captured and undone afterwards (measured with megatron-core 0.16.1):
   has no gloo side groups;
 - `ModelParallelConfig.use_cpu_initialization = True`: otherwise the layers allocate their
   weights with `device=torch.cuda.current_device()`;
-- `torch.cuda.current_device()` returns the meta device: sequence-parallel layers allocate their
-  all-gather buffers on it, and on CPU-only torch it raises.
+- `torch.cuda.current_device()` returns the meta device (the CPU when the numeric witness runs
+  real ranks): sequence-parallel layers allocate their all-gather buffers on it, and on CPU-only
+  torch it raises.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def initialise_libraries(world_size: int) -> None:
 
 
 @contextlib.contextmanager
-def library_shims() -> Iterator[None]:
-    """Megatron-core's CPU shims (see the module docstring), only if the user's code imported it."""
+def library_shims(device: str = "meta") -> Iterator[None]:
+    """Megatron-core's CPU shims (see the module docstring), only if the user's code imported it.
+    `device` is where Megatron's buffers go: meta while capturing, cpu for real numbers."""
     config_module = sys.modules.get("megatron.core.model_parallel_config")
     if config_module is None:
         yield
@@ -69,7 +71,7 @@ def library_shims() -> Iterator[None]:
         original_post_init(self)
 
     config_class.__post_init__ = cpu_post_init
-    torch.cuda.current_device = lambda: torch.device("meta")  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: torch.device(device)  # type: ignore[assignment]
     try:
         yield
     finally:

@@ -5,6 +5,9 @@ threads), in float64, on random weights and the example inputs. The outputs are 
 reference's under the check's declared output relation, and optionally at one module (the one
 holding a localized discrepancy), through forward hooks.
 
+Checks whose reference is the same code at world size 1 run each rank in its own process instead
+(`rank_processes.py`): their libraries keep model-parallel state in process globals.
+
 This is the numeric counterpart of the static proof: a discrepancy whose numbers differ is
 *confirmed*; the suite also cross-checks that what is proven equal is numerically equal.
 """
@@ -84,18 +87,18 @@ class NumericRunError(Exception):
     """The program could not be run with real numbers; the message says why."""
 
 
-def _to_float64(value: Any) -> Any:
+def to_float64(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(torch.float64) if value.is_floating_point() else value
     if isinstance(value, list | tuple):
-        return type(value)(_to_float64(v) for v in value)
+        return type(value)(to_float64(v) for v in value)
     if isinstance(value, dict):
-        return {k: _to_float64(v) for k, v in value.items()}
+        return {k: to_float64(v) for k, v in value.items()}
     return value
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -179,18 +182,20 @@ def _compare(where: str, reference: torch.Tensor, per_rank: list[torch.Tensor], 
     combined, how = _combine(reference, per_rank, relation)
     if how == "every rank":
         worst = max((_difference(where, reference, t) for t in per_rank), key=lambda d: (d.max_rel, d.max_abs))
-        worst.note = "every rank holds it in full"
+        worst.note = worst.note or "every rank holds it in full"
         return worst
     return _difference(where, reference, combined, how)
 
 
-def _input_trials(
+def input_trials(
     reference: nn.Module, inputs: tuple[Any, ...], world_size: int, seed: int
 ) -> Iterator[tuple[str, Any]]:
     """The example inputs, then inputs that reach the places a shard boundary hides: token ids at
     every vocabulary shard boundary, and random values."""
     yield "the example inputs", inputs
-    vocab = max((m.num_embeddings for m in reference.modules() if isinstance(m, nn.Embedding)), default=0)
+    # nn.Embedding and the libraries' vocabulary-parallel embeddings (at world size 1, the whole vocabulary)
+    sizes = (getattr(m, "num_embeddings", None) for m in reference.modules())
+    vocab = max((size for size in sizes if isinstance(size, int)), default=0)
     generator = torch.Generator().manual_seed(seed + 1)
 
     def boundary_ids(tensor: torch.Tensor) -> torch.Tensor:
@@ -250,7 +255,7 @@ def run_and_compare(
     program cannot be run with real numbers."""
     start = time.perf_counter()
     # User code warns about deprecated collectives etc.; the static capture reported those already.
-    with _default_dtype(torch.float64), torch.no_grad(), warnings.catch_warnings():
+    with default_dtype(torch.float64), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             _check_size(build_reference)
@@ -266,7 +271,7 @@ def run_and_compare(
         reference.to(torch.float64).eval()
         randomize(reference, seed)
         best: NumericComparison | None = None
-        for description, candidate in _input_trials(reference, _to_float64(inputs), world_size, seed):
+        for description, candidate in input_trials(reference, to_float64(inputs), world_size, seed):
             comparison = _one_trial(
                 reference,
                 candidate,
@@ -298,13 +303,29 @@ def _one_trial(
     relation_override: RelationOverride,
 ) -> NumericComparison:
     captured: dict[str, Any] = {}
-    hook = _hook(reference, module_path, captured, "reference")
+    hook = hook_module(reference, module_path, captured, "reference")
     reference_outputs, _ = tree_flatten(reference(*inputs))
     if hook is not None:
         hook.remove()
     copies = [copy.deepcopy(reference) for _ in range(world_size)]
     rank_outputs = _run_ranks(copies, inputs, build_parallel, world_size, module_path, captured, relation_override)
+    return compare_runs(
+        reference_outputs, rank_outputs, captured, world_size, output_relation, module_path, configuration
+    )
 
+
+def compare_runs(
+    reference_outputs: list[Any],
+    rank_outputs: list[list[Any]],
+    captured: dict[str, Any],
+    world_size: int,
+    output_relation: str,
+    module_path: str,
+    configuration: str,
+) -> NumericComparison:
+    """The errors of every rank's flattened outputs against the reference's under the declared
+    output relation, and at `module_path` from the values `captured` under "reference" and
+    "rank<r>" (the first call of that module)."""
     result = NumericComparison(world_size, configuration)
     for index, expected in enumerate(reference_outputs):
         if not isinstance(expected, torch.Tensor):
@@ -325,7 +346,7 @@ def _one_trial(
     return result
 
 
-def _hook(module: nn.Module, path: str, into: dict[str, Any], key: str) -> Any:
+def hook_module(module: nn.Module, path: str, into: dict[str, Any], key: str) -> Any:
     if not path:
         return None
     try:
@@ -359,13 +380,18 @@ def load_declared_values(
         source = reference_tensors.get(reference_name)
         if source is None:
             raise NumericRunError(f"the declaration for {name!r} names {reference_name!r}, which the reference lacks")
-        if relation == "share":
-            source = source / world_size
-        elif relation.startswith("shard:"):
-            dim = int(relation.split(":")[1])
-            start, end = declared_shard(source.shape[dim], rank, world_size)
-            source = source.narrow(dim, start, end - start)
-        tensor.copy_(source)
+        tensor.copy_(declared_value(source, relation, rank, world_size))
+
+
+def declared_value(source: torch.Tensor, relation: str, rank: int, world_size: int) -> torch.Tensor:
+    """A rank's value of a reference tensor under a declared relation (replicated, share, shard:<d>)."""
+    if relation == "share":
+        return source / world_size
+    if relation.startswith("shard:"):
+        dim = int(relation.split(":")[1])
+        start, end = declared_shard(source.shape[dim], rank, world_size)
+        return source.narrow(dim, start, end - start)
+    return source
 
 
 def _run_ranks(
@@ -388,7 +414,7 @@ def _run_ranks(
                 module = build_parallel(copies[rank], rank, world_size)
                 load_declared_values(module, copies[rank], relation_override, rank, world_size)
                 module.eval()
-                hook = _hook(module, module_path, captured, f"rank{rank}")
+                hook = hook_module(module, module_path, captured, f"rank{rank}")
                 flat, _ = tree_flatten(module(*inputs))
                 if hook is not None:
                     hook.remove()

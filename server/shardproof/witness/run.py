@@ -17,10 +17,10 @@ def compare_numerically(
 
     chosen = check.for_mode(configuration)
     if chosen.same_code_reference:
-        raise NumericRunError(
-            "the witness does not run the same code at world size 1 yet: it runs the ranks as threads of one "
-            "process, and fairscale and Megatron keep one process-global model-parallel state"
-        )
+        # fairscale and Megatron keep process-global model-parallel state: one process per rank
+        from .rank_processes import run_same_code
+
+        return run_same_code(check, project, world_size, module_path, configuration)
     with import_roots(project.python_path):
         forget_project_modules(project)
         build_reference = load_callable(chosen.reference, "reference", chosen, project)

@@ -1,0 +1,375 @@
+"""The numeric witness of the "same code at world size 1" pattern: every rank in its own process.
+
+fairscale and Megatron-core keep their model-parallel groups in module globals, so their ranks
+cannot share one process as threads (`numeric.py`). Here a host process imports the user's code
+once and forks one child per rank; the children talk over a real gloo process group (files in a
+temporary directory as the rendezvous), so the libraries' collectives run unchanged.
+
+Each child first plays the reference: the same builder under a one-rank group, in float64, with
+the witness's random weights, run on every input trial. It then becomes its rank of the
+`world_size`-rank group, builds the model again, gives every parameter and buffer its value from
+the reference's tensor of the same name (the relation the static proof assumes: same shape is the
+same tensor, one dim `world_size` times smaller is the rank's contiguous block, declarations
+first) and runs the same trials. The host gathers what the children computed into one file the
+caller reads back; the comparison itself is `numeric.compare_runs`, shared with the threaded run.
+
+Forking happens before any computation, from a process that has only imported modules, so no
+thread pool is copied into the children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from ..config import Check, Project, declared_shard, load_project
+from . import numeric
+from .numeric import (
+    NumericComparison,
+    NumericRunError,
+    RelationOverride,
+    compare_runs,
+    declared_value,
+    default_dtype,
+    hook_module,
+    input_trials,
+    parameter_elements,
+    randomize,
+    to_float64,
+)
+
+# Importing torch and the libraries (Megatron-core takes ~5 s) in the host comes on top of the run.
+HOST_STARTUP_SECONDS = 60.0
+
+
+def run_same_code(
+    check: Check, project: Project, world_size: int, module_path: str, configuration: str, seed: int = 0
+) -> NumericComparison:
+    """Reference (the builder at world size 1) against every rank at `world_size`, on real numbers."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="shardproof-witness-") as scratch:
+        job = {
+            "pyproject": str(project.pyproject),
+            "check": check.name,
+            "configuration": configuration,
+            "world_size": world_size,
+            "module_path": module_path,
+            "seed": seed,
+            # read when called, so that a test can lower them
+            "max_parameter_elements": numeric.MAX_PARAMETER_ELEMENTS,
+            "timeout": numeric.RUN_TIMEOUT_SECONDS,
+        }
+        job_file = Path(scratch) / "job.json"
+        job_file.write_text(json.dumps(job))
+        _run_host(job_file, job["timeout"])
+        result = torch.load(Path(scratch) / "result.pt", weights_only=False)
+    if "error" in result:
+        raise NumericRunError(result["error"])
+    best: NumericComparison | None = None
+    for description, reference_outputs, rank_outputs, captured in result["trials"]:
+        comparison = compare_runs(
+            reference_outputs, rank_outputs, captured, world_size, check.outputs, module_path, configuration
+        )
+        comparison.inputs = description
+        if best is None or comparison.differs:
+            best = comparison
+        if comparison.differs:
+            break
+    if best is None:
+        raise NumericRunError("the ranks ran no input")
+    best.seconds = time.perf_counter() - start
+    return best
+
+
+def _run_host(job_file: Path, timeout: float) -> None:
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    host = subprocess.Popen(
+        [sys.executable, "-m", "shardproof.witness.rank_processes", str(job_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # a timeout kills the host and its rank children together
+    )
+    try:
+        _out, err = host.communicate(timeout=timeout + HOST_STARTUP_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(host.pid, signal.SIGKILL)
+        host.communicate()
+        raise NumericRunError(
+            f"the rank processes did not finish within {timeout + HOST_STARTUP_SECONDS:.0f} s"
+        ) from None
+    if not (job_file.parent / "result.pt").exists():
+        last = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {host.returncode}"]
+        raise NumericRunError(f"the process running the ranks failed: {last[0]}")
+
+
+# ---------------------------------------------------------------- host and rank processes
+
+
+def _host(job_file: Path) -> None:
+    scratch = job_file.parent
+    job = json.loads(job_file.read_text())
+    try:
+        result = _fork_ranks(job, scratch)
+    except NumericRunError as exc:
+        result = {"error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - configuration or import errors become the reason
+        result = {"error": getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"}
+    torch.save(result, scratch / "result.pt")
+
+
+def _fork_ranks(job: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    from ..capture.program import import_roots, load_callable
+
+    project = load_project(Path(job["pyproject"]))
+    check = project.check(job["check"]).for_mode(job["configuration"])
+    world_size: int = job["world_size"]
+    with import_roots(project.python_path), _quiet():
+        build = load_callable(check.parallel, "parallel", check, project)
+        make_inputs = load_callable(check.inputs, "inputs", check, project)
+        children: dict[int, int] = {}
+        for rank in range(world_size):
+            pid = os.fork()
+            if pid == 0:  # the rank's process: never returns into the host's code
+                status = 1
+                try:
+                    _rank_main(rank, world_size, build, make_inputs, check.relation_override, job, scratch)
+                    status = 0
+                finally:
+                    os._exit(status)
+            children[pid] = rank
+    failures = _wait(children, scratch, job["timeout"])
+    if failures:
+        return {"error": "running the ranks with real numbers failed: " + "; ".join(failures[:2])}
+    per_rank = [torch.load(scratch / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
+    trials = []
+    for index, (description, reference_outputs, reference_module, _, _) in enumerate(per_rank[0]["trials"]):
+        captured = {"reference": reference_module} if reference_module is not None else {}
+        rank_outputs = []
+        for rank, data in enumerate(per_rank):
+            _, _, _, outputs, at_module = data["trials"][index]
+            rank_outputs.append(outputs)
+            if at_module is not None:
+                captured[f"rank{rank}"] = at_module
+        trials.append((description, reference_outputs, rank_outputs, captured))
+    return {"trials": trials}
+
+
+def _wait(children: dict[int, int], scratch: Path, timeout: float) -> list[str]:
+    """Wait for every rank; past the deadline the rest are killed (a collective one rank never
+    calls waits forever). The reasons of failed ranks, lowest rank first."""
+    deadline = time.monotonic() + timeout
+    pending = dict(children)
+    still_running: set[int] = set()
+    while pending:
+        for pid in list(pending):
+            done, _status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                del pending[pid]
+        if pending and time.monotonic() > deadline:
+            still_running = {pending[pid] for pid in pending}
+            for pid in pending:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            for pid in pending:
+                os.waitpid(pid, 0)
+            break
+        time.sleep(0.02)
+    failures = []
+    for rank in sorted(children.values()):
+        error_file = scratch / f"rank{rank}.error"
+        if error_file.exists():
+            failures.append(f"rank {rank}: {error_file.read_text().strip()}")
+        elif rank in still_running and not (scratch / f"rank{rank}.pt").exists():
+            failures.append(f"rank {rank}: still running at the deadline")
+        elif not (scratch / f"rank{rank}.pt").exists():
+            failures.append(f"rank {rank}: ended without a result")
+    if still_running:
+        failures.insert(
+            0,
+            f"the ranks did not finish within {timeout:.0f} s (a collective that not every rank calls waits forever)",
+        )
+    return failures
+
+
+def _rank_main(
+    rank: int,
+    world_size: int,
+    build: Any,
+    make_inputs: Any,
+    relation_override: RelationOverride,
+    job: dict[str, Any],
+    scratch: Path,
+) -> None:
+    try:
+        with default_dtype(torch.float64), torch.no_grad(), warnings.catch_warnings(), _quiet():
+            warnings.simplefilter("ignore")
+            _run_rank(rank, world_size, build, make_inputs, relation_override, job, scratch)
+    except NumericRunError as exc:
+        (scratch / f"rank{rank}.error").write_text(str(exc))
+    except BaseException as exc:  # noqa: BLE001 - reported as the reason no witness exists
+        where = traceback.extract_tb(exc.__traceback__)[-1:]
+        at = f" ({Path(where[0].filename).name}:{where[0].lineno})" if where else ""
+        (scratch / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}{at}")
+
+
+def _run_rank(
+    rank: int,
+    world_size: int,
+    build: Any,
+    make_inputs: Any,
+    relation_override: RelationOverride,
+    job: dict[str, Any],
+    scratch: Path,
+) -> None:
+    from ..capture.libraries import initialise_libraries, library_shims, reset_libraries
+
+    seed: int = job["seed"]
+    module_path: str = job["module_path"]
+
+    # The reference: the same code as the only rank of a one-rank group.
+    with _group(scratch / f"reference{rank}.store", 0, 1), library_shims("cpu"):
+        initialise_libraries(1)
+        _refuse_large(build, job["max_parameter_elements"])
+        torch.manual_seed(seed)
+        reference = _built(build, "building the model at world size 1")
+        reference.to(torch.float64).eval()
+        randomize(reference, seed)
+        inputs = make_inputs()
+        inputs = to_float64(inputs if isinstance(inputs, tuple) else (inputs,))
+        reference_runs = []
+        for description, candidate in input_trials(reference, inputs, world_size, seed):
+            captured: dict[str, Any] = {}
+            hook = hook_module(reference, module_path, captured, "reference")
+            outputs, _ = tree_flatten(reference(*candidate))
+            if hook is not None:
+                hook.remove()
+            reference_runs.append((description, candidate, outputs, captured.get("reference")))
+        reset_libraries()
+
+    with _group(scratch / "ranks.store", rank, world_size), library_shims("cpu"):
+        initialise_libraries(world_size)
+        torch.manual_seed(seed)
+        module = _built(build, f"building rank {rank}")
+        module.to(torch.float64).eval()
+        load_reference_values(module, reference, relation_override, rank, world_size)
+        trials = []
+        for description, candidate, reference_outputs, reference_module in reference_runs:
+            captured = {}
+            hook = hook_module(module, module_path, captured, "rank")
+            outputs, _ = tree_flatten(module(*candidate))
+            if hook is not None:
+                hook.remove()
+            trials.append((description, reference_outputs, reference_module, outputs, captured.get("rank")))
+        # before the group is torn down: a rank that finished must not be blamed for one that waits
+        torch.save({"trials": trials}, scratch / f"rank{rank}.pt")
+        reset_libraries()
+
+
+@contextlib.contextmanager
+def _group(store: Path, rank: int, world_size: int) -> Any:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """User code and the libraries print (fairscale announces its groups); the host's output is
+    not read, but a full pipe would block a rank."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+def _built(build: Any, stage: str) -> nn.Module:
+    module = build()
+    if not isinstance(module, nn.Module):
+        raise NumericRunError(f"{stage}: the builder returned {type(module).__name__}, not an nn.Module")
+    return module
+
+
+def _refuse_large(build: Any, limit: int) -> None:
+    """Count the parameters without allocating them (meta, or fake tensors for builders that
+    ignore the meta device); refuse a model too large to run with real numbers."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    probe = None
+    for mode in (lambda: torch.device("meta"), lambda: FakeTensorMode(allow_non_fake_inputs=True)):
+        try:
+            with mode():
+                probe = build()
+            break
+        except Exception:  # noqa: BLE001 - try the next way; the real build reports errors
+            continue
+    elements = parameter_elements(probe) if isinstance(probe, nn.Module) else 0
+    if elements > limit:
+        raise NumericRunError(
+            f"the model has {elements:,} parameter elements, too many to run with real numbers; "
+            "declare a smaller quick configuration"
+        )
+
+
+def load_reference_values(
+    module: nn.Module, reference: nn.Module, relation_override: RelationOverride, rank: int, world_size: int
+) -> None:
+    """Every rank tensor gets its value from the reference tensor of the same name, under the
+    relation the static proof assumes for the same code (see `capture.program.same_code_relation`):
+    a declaration first, else the same shape is the same tensor and a shape `world_size` times
+    smaller along one dim is the rank's contiguous block. Anything else keeps what the builder made."""
+    reference_tensors = dict(reference.named_parameters(remove_duplicate=False))
+    reference_tensors |= dict(reference.named_buffers(remove_duplicate=False))
+    rank_tensors = list(module.named_parameters(remove_duplicate=False))
+    rank_tensors += list(module.named_buffers(remove_duplicate=False))
+    for name, tensor in rank_tensors:
+        declared = relation_override(name)
+        if declared is not None:
+            relation, reference_name, _line = declared
+            source = reference_tensors.get(reference_name)
+            if source is None:
+                raise NumericRunError(
+                    f"the declaration for {name!r} names {reference_name!r}, which the reference lacks"
+                )
+            value = declared_value(source, relation, rank, world_size)
+        else:
+            source = reference_tensors.get(name)
+            value = None if source is None else _same_code_value(source, tuple(tensor.shape), rank, world_size)
+        if value is not None:
+            tensor.copy_(value)
+
+
+def _same_code_value(source: torch.Tensor, shape: tuple[int, ...], rank: int, world_size: int) -> torch.Tensor | None:
+    if source.dim() != len(shape):
+        return None
+    if tuple(source.shape) == shape:
+        return source
+    differing = [d for d, (ours, theirs) in enumerate(zip(shape, source.shape, strict=True)) if ours != theirs]
+    if len(differing) != 1 or source.shape[differing[0]] != shape[differing[0]] * world_size:
+        return None
+    dim = differing[0]
+    start, end = declared_shard(source.shape[dim], rank, world_size)
+    return source.narrow(dim, start, end - start)
+
+
+if __name__ == "__main__":
+    _host(Path(sys.argv[1]))
