@@ -20,6 +20,10 @@ captured and undone afterwards (measured with megatron-core 0.16.1):
 - `torch.cuda.current_device()` returns the meta device (the CPU when the numeric witness runs
   real ranks): sequence-parallel layers allocate their all-gather buffers on it, and on CPU-only
   torch it raises.
+Three more are needed for `GPTModel`: its attention forks Megatron's CUDA RNG tracker, replaced
+by a null tracker (`_NullRNGTracker`); the softmax's default causal mask (made when the caller
+passes no attention mask) is built on the same device instead of a hard-coded "cuda"; and
+`make_viewless_tensor` keeps the view (see `_keep_view`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import contextlib
 import io
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 
 def _fairscale_initialise(world_size: int) -> None:
@@ -72,11 +77,83 @@ def library_shims(device: str = "meta") -> Iterator[None]:
 
     config_class.__post_init__ = cpu_post_init
     torch.cuda.current_device = lambda: torch.device(device)  # type: ignore[assignment]
+    softmax = sys.modules.get("megatron.core.fusions.fused_softmax")
+    original_mask = getattr(softmax, "get_default_causal_mask", None)
+    if softmax is not None and original_mask is not None:
+        softmax.get_default_causal_mask = _causal_mask_on(device)  # type: ignore[attr-defined]
+    random = sys.modules.get("megatron.core.tensor_parallel.random")
+    original_tracker = getattr(random, "_CUDA_RNG_STATE_TRACKER", None)
+    original_initialized = getattr(random, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", False)
+    if random is not None:
+        random._CUDA_RNG_STATE_TRACKER = _NullRNGTracker()  # type: ignore[attr-defined]
+        random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True  # type: ignore[attr-defined]
+    viewless = _replace_everywhere("megatron.", "make_viewless_tensor", _keep_view)
     try:
         yield
     finally:
+        for module, original in viewless:
+            module.make_viewless_tensor = original
         config_class.__post_init__ = original_post_init
         torch.cuda.current_device = original_device
+        if softmax is not None and original_mask is not None:
+            softmax.get_default_causal_mask = original_mask  # type: ignore[attr-defined]
+        if random is not None:
+            random._CUDA_RNG_STATE_TRACKER = original_tracker  # type: ignore[attr-defined]
+            random._CUDA_RNG_STATE_TRACKER_INITIALIZED = original_initialized  # type: ignore[attr-defined]
+
+
+def _keep_view(inp: Any, requires_grad: bool, keep_graph: bool) -> Any:
+    """Megatron's make_viewless_tensor returns a tensor with the same values that is not a view,
+    by assigning `.data` (a memory saving the export cannot trace: it lifts the data as a fake
+    constant). Values are what the verifier needs, so the view is kept."""
+    return inp
+
+
+def _replace_everywhere(prefix: str, name: str, replacement: Any) -> list[tuple[Any, Any]]:
+    """Replace function `name` in every loaded module under `prefix` that imported it; the
+    (module, original) pairs to restore."""
+    replaced = []
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith(prefix) and callable(getattr(module, name, None)):
+            replaced.append((module, getattr(module, name)))
+            setattr(module, name, replacement)
+    return replaced
+
+
+class _NullRNGTracker:
+    """Megatron's CUDA RNG state tracker without CUDA: forking a state runs the code unchanged.
+    Its states only decide dropout masks and random initialisation; shardproof runs the model in
+    eval mode and takes the weights from the reference, so neither reaches a verdict."""
+
+    def reset(self) -> None:
+        pass
+
+    def add(self, name: str, seed: int) -> None:
+        pass
+
+    def get_states(self) -> dict[str, object]:
+        return {}
+
+    def set_states(self, states: dict[str, object]) -> None:
+        pass
+
+    def is_initialized(self) -> bool:
+        return True
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        yield
+
+
+def _causal_mask_on(device: str):
+    """Megatron's default causal mask (when no attention mask is passed), built on `device`
+    instead of its hard-coded "cuda"."""
+    import torch
+
+    def get_default_causal_mask(sq: int) -> torch.Tensor:
+        return torch.triu(torch.ones(sq, sq, device=device), diagonal=1).bool()
+
+    return get_default_causal_mask
 
 
 def reset_libraries() -> None:

@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import io
 import logging
+import operator
 import sys
 import time
 import warnings
@@ -215,6 +216,17 @@ def _move_to_meta(module: nn.Module, tracker: ProvenanceTracker) -> None:
                 setattr(submodule, name, meta_of(value))  # type: ignore[arg-type]
 
 
+def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Tensors kept as plain attributes (neither parameter nor buffer), by qualified name: export
+    lifts them as constants under that name (Megatron's rotary `inv_freq`)."""
+    found = []
+    for prefix, submodule in module.named_modules(remove_duplicate=False):
+        for name, value in vars(submodule).items():
+            if not name.startswith("_") and isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                found.append((f"{prefix}.{name}" if prefix else name, value))
+    return found
+
+
 def _build_reference(build: Callable[[], Any], tracker: ProvenanceTracker) -> tuple[nn.Module, dict[str, Expr]]:
     module = _build_module(build, "building the reference", tracker)
     if not isinstance(module, nn.Module):
@@ -226,7 +238,7 @@ def _build_reference(build: Callable[[], Any], tracker: ProvenanceTracker) -> tu
         expr = ParamRef(name=name, shape=tuple(param.shape), dtype=dtype_name(param.dtype))
         tracker.register(param, expr)
         values[name] = expr
-    for name, buffer in module.named_buffers(remove_duplicate=False):
+    for name, buffer in list(module.named_buffers(remove_duplicate=False)) + tensor_attributes(module):
         constructed = tracker.expr_of(buffer)
         if name in persistent or not is_deterministic(constructed):
             expr = ParamRef(name=name, shape=tuple(buffer.shape), dtype=dtype_name(buffer.dtype))
@@ -249,11 +261,48 @@ def _export(module: nn.Module, inputs: tuple[Any, ...], stage: str) -> torch.exp
             # torch warns about deprecated collectives and pytree internals while tracing user code
             warnings.simplefilter("ignore")
             program = torch.export.export(module, inputs, strict=False)
+            inline_grad_mode_regions(program.graph_module)
             if mutation_free(program):
                 return program
             return program.run_decompositions(decomp_table={})
     except Exception as exc:  # noqa: BLE001 - a tracing failure is reported at the user line
         raise user_code_error(exc, stage) from None
+
+
+def inline_grad_mode_regions(graph_module: torch.fx.GraphModule) -> None:
+    """Put the body of every `torch.enable_grad()` / `no_grad()` region back into the graph.
+
+    Export turns a region that changes the grad mode into a `wrap_with_set_grad_enabled` call of
+    a submodule (Megatron-core's transformer layer adds its residual under `enable_grad`). The
+    grad mode does not change forward values, so the verifier sees the region's operations
+    inline, with their own source sites."""
+    graph = graph_module.graph
+    regions = [
+        node
+        for node in graph.nodes
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "wrap_with_set_grad_enabled"
+    ]
+    for node in regions:
+        body = getattr(graph_module, node.args[1].target)
+        inline_grad_mode_regions(body)
+        with graph.inserting_before(node):
+            placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+            copied = graph.graph_copy(body.graph, dict(zip(placeholders, node.args[2:], strict=True)))
+        results = copied if isinstance(copied, tuple | list) else (copied,)
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(results[user.args[1]])
+                graph.erase_node(user)
+        if node.users:  # a single result used directly
+            node.replace_all_uses_with(results[0])
+        submodule = node.args[1]
+        graph.erase_node(node)
+        if not submodule.users:
+            graph.erase_node(submodule)
+            delattr(graph_module, submodule.target)
+    if regions:
+        graph.lint()
+        graph_module.recompile()
 
 
 _COLLECTIVE_WAIT = "wait_tensor"
@@ -438,7 +487,7 @@ class CheckCapture:
         world_size: int,
     ) -> dict[str, Expr]:
         values: dict[str, Expr] = {}
-        buffers = list(module.named_buffers(remove_duplicate=False))
+        buffers = list(module.named_buffers(remove_duplicate=False)) + tensor_attributes(module)
         buffer_names = {name for name, _ in buffers}
         for name, tensor in list(module.named_parameters(remove_duplicate=False)) + buffers:
             expr = tracker.expr_of(tensor)
