@@ -273,3 +273,25 @@ async def test_a_killed_worker_is_replaced_and_the_user_is_told(example) -> None
     replace_document(client, tp, tp.read_text().replace(ORIGINAL, MISSING) + "\n", 3)
     await wait_for(lambda: {d.code for d in diagnostics_of(client, tp)} == {"missing-reduction"})
     assert not [d for d in diagnostics_of(client, pyproject) if d.code == "worker-failed"]
+
+
+async def test_a_worker_that_dies_between_verifications_is_reported(example) -> None:
+    client = example
+    tp = client.root / "llama_example/tp.py"
+    open_document(client, tp)
+    await _first_run(client, tp)
+    await wait_for(
+        lambda: (
+            {f["check"] for f in _finished(client)} >= {"llama-tp", "llama-sp"}
+            and client.workerStateChanged[-1]["state"] == "idle"
+        )
+    )
+    states = [e for e in client.workerStateChanged if str(e["detail"]).startswith("pid ")]
+    pid = int(states[-1]["detail"].split()[-1])
+    os.kill(pid, signal.SIGKILL)  # as the kernel's out-of-memory killer would, while nothing runs
+    await wait_for(lambda: any("between verifications" in m.message for m in client.messages))
+    (told,) = [m for m in client.messages if "between verifications" in m.message]
+    assert "SIGKILL" in told.message, told.message
+    # The next edit is verified by a new worker.
+    replace_document(client, tp, tp.read_text().replace(ORIGINAL, MISSING), 2)
+    await wait_for(lambda: {d.code for d in diagnostics_of(client, tp)} == {"missing-reduction"})

@@ -148,6 +148,14 @@ class ShardproofLanguageServer(LanguageServer):
     def _worker_state(self, state: str, detail: str) -> None:
         log.info("worker %s %s", state, detail)
         self.notify_client(WORKER_STATE, {"state": state, "detail": detail})
+        if state == "crashed" and self.running is None:
+            # A crash during a verification is told with that check's failure; one between
+            # verifications (killed for memory while idle) would otherwise go unnoticed.
+            self.message(
+                types.MessageType.Warning,
+                f"shardproof: the worker stopped between verifications: {detail}; "
+                "a new one starts with the next verification",
+            )
 
     # -- projects ---------------------------------------------------------------------------------------
     def discover(self, folders: list[str]) -> None:
