@@ -11,6 +11,10 @@ verified where ranks compute it on identical inputs, by congruence):
   constants       constant(digest) uninitialized
   fallback        generic(target, attrs, output index)
 
+A bmm / baddbmm (beta 0) over a batch that a view merged from two dims (Megatron's attention:
+[b * heads, m, k]) becomes a matmul over both dims, viewed to the merged shape, and a value whose
+dims were merged is that value again when viewed back: a shard of the heads stays a shard.
+
 Dims are negative. Must run inside the rank's fake process-group context so collective group
 names can be resolved to rank lists.
 """
@@ -223,6 +227,7 @@ class _Builder:
         self.metas: dict[str, TensorMeta] = {}
         self.multi: dict[str, list[str | None]] = {}  # multi-output node -> ids of its outputs
         self.view_nodes: dict[str, str] = {}  # id of a node made by view() -> its source
+        self.nodes_by_id: dict[str, Node] = {}
 
     # -- helpers ----------------------------------------------------------------------------------
     def value(self, arg: Any) -> str:
@@ -255,6 +260,7 @@ class _Builder:
             original=_target_name(fx),
         )
         self.graph.nodes.append(node)
+        self.nodes_by_id[node_id] = node
         self.metas[node_id] = meta
         if node.site:
             self.graph.source_files.update(f.file for f in node.site.frames)
@@ -440,11 +446,16 @@ class _Builder:
         self.alias[fx.name] = ids[index]  # type: ignore[assignment]
 
     def view(self, fx: torch.fx.Node, source: str, meta: TensorMeta) -> None:
-        # A flattened value viewed back to its own shape is that value (row-major both ways):
-        # Megatron flattens its all-gather buffer and views it back. Other chains stay as they
-        # are, the view rules follow them one step at a time.
+        # A value whose dims were merged and are viewed back to its own shape is that value
+        # (row-major both ways): Megatron flattens its all-gather buffer and views it back, and its
+        # attention merges batch and heads for bmm. Other chains stay as they are, the view rules
+        # follow them one step at a time.
         producer = self.view_nodes.get(source)
-        if producer is not None and self.meta(source).ndim == 1 and self.meta(producer).shape == meta.shape:
+        if (
+            producer is not None
+            and self.meta(source).ndim < self.meta(producer).ndim
+            and self.meta(producer).shape == meta.shape
+        ):
             source = producer
         if self.meta(source).shape == meta.shape:
             self.alias[fx.name] = source
@@ -761,8 +772,90 @@ class _Builder:
         self.add(fx, "matmul", [self.value(args[0]), self.value(args[1])], {}, meta)
         return True
 
-    op_bmm = op_mm
     op_matmul = op_mm
+
+    def op_bmm(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        if not self.unmerged_bmm(fx, self.value(args[0]), self.value(args[1]), 1, meta):
+            self.add(fx, "matmul", [self.value(args[0]), self.value(args[1])], {}, meta)
+        return True
+
+    def op_baddbmm(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
+        alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
+        if beta != 0:  # beta 0 ignores the input (Megatron passes an uninitialised buffer)
+            return False
+        a, b = self.value(args[1]), self.value(args[2])
+        if self.unmerged_bmm(fx, a, b, alpha, meta):
+            return True
+        product = self.add(fx, "matmul", [a, b], {}, meta, suffix=".mm") if alpha != 1 else None
+        if product is None:
+            self.add(fx, "matmul", [a, b], {}, meta)
+        else:
+            self.add(fx, "scalar", [product], {"fn": "mul", "value": _literal(alpha)}, meta)
+        return True
+
+    def merged_form(self, value_id: str, depth: int = 0) -> tuple[str, list[int], int] | None:
+        """(S, perm, pos) when `value_id` is `permute(S, perm)` with its dims pos and pos + 1 merged
+        into one by a view (through any permutes that keep the merged dim whole)."""
+        node = self.nodes_by_id.get(value_id)
+        if node is None or depth > 4:
+            return None
+        if node.op == "view":
+            source = node.inputs[0]
+            full, merged = self.meta(source).shape, node.meta.shape
+            if len(full) != len(merged) + 1:
+                return None
+            for pos in range(len(merged)):
+                if (
+                    full[:pos] == merged[:pos]
+                    and full[pos + 2 :] == merged[pos + 1 :]
+                    and full[pos] * full[pos + 1] == merged[pos]
+                ):
+                    return source, list(range(len(full))), pos
+            return None
+        if node.op == "permute":
+            inner = self.merged_form(node.inputs[0], depth + 1)
+            if inner is None:
+                return None
+            source, perm, pos = inner
+            local: list[int] = []
+            for j in node.attrs["perm"]:
+                local += [pos, pos + 1] if j == pos else [j if j < pos else j + 1]
+            return source, [perm[i] for i in local], list(node.attrs["perm"]).index(pos)
+        return None
+
+    def unmerged_bmm(self, fx: torch.fx.Node, a: str, b: str, alpha: Any, meta: TensorMeta) -> bool:
+        """A bmm over a batch merged from two dims (Megatron: [b * heads, m, k]) as a matmul over
+        both dims, viewed to the merged shape: a shard of the heads stays a shard."""
+        forms = [self.merged_form(a), self.merged_form(b)]
+        if any(form is None or form[2] != 0 for form in forms):
+            return False
+        operands = []
+        for index, (source, perm, _pos) in enumerate(forms):  # type: ignore[misc]
+            shape = tuple(self.meta(source).shape[d] for d in perm)
+            if perm == sorted(perm):
+                operands.append(source)
+            else:
+                operands.append(
+                    self.add(
+                        fx,
+                        "permute",
+                        [source],
+                        {"perm": perm},
+                        TensorMeta(shape, self.meta(source).dtype),
+                        suffix=f".unmerged{index}",
+                    )
+                )
+        batch_a, batch_b = self.meta(operands[0]).shape[:2], self.meta(operands[1]).shape[:2]
+        if batch_a != batch_b:
+            return False
+        full = TensorMeta((*batch_a, *meta.shape[1:]), meta.dtype)
+        product = self.add(fx, "matmul", operands, {}, full, suffix=".batched")
+        if alpha != 1:
+            product = self.add(fx, "scalar", [product], {"fn": "mul", "value": _literal(alpha)}, full, suffix=".alpha")
+        node_id = self.add(fx, "view", [product], {"shape": list(meta.shape)}, meta)
+        self.view_nodes[node_id] = product
+        return True
 
     def op_addmm(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:

@@ -704,7 +704,17 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"M": g.mask(*shape), "v": g.pick(("0.0", "-inf", "1.5"))}
 
 
-@near_miss("fill-selected-mask-broadcast")
+@instance("fill-selected-mask-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    while bindings["d"] == -1:  # the mask needs a dim after d
+        bindings = _selected(g)
+    kept = g.int(1, -bindings["d"] - 1)  # the mask has only (some of) the dims after d
+    shape = list(bindings["X"].shape)[-kept:]
+    return bindings | {"M": g.mask(*shape), "v": g.pick(("0.0", "-inf", "1.5"))}
+
+
+@near_miss("fill-selected-mask-broadcast", "fill-selected-mask-lower-rank")
 def _(g: Gen) -> dict[str, Any]:
     bindings = _selected(g)
     bindings["R"] = _scrambled_whole(g, bindings["X"].shape[bindings["d"]])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "3"
+RULE_LIBRARY_VERSION = "4"
 
 
 @dataclass(frozen=True)
@@ -410,6 +410,12 @@ _rule(
     "elementwise",
     "masked_fill(X, M, v)[R] = masked_fill(X[R], M, v)",
     "(rule ((= Y (Fill X M v)) (= y (Fill x M v)) (sel X x d R) (= 1 (sz M d))) ((sel Y y d R)))",
+)
+_rule(
+    "fill-selected-mask-lower-rank",
+    "elementwise",
+    "masked_fill(X, M, v)[R] = masked_fill(X[R], M, v) when M has no such dim (a causal mask over heads)",
+    "(rule ((= Y (Fill X M v)) (= y (Fill x M v)) (sel X x d R) (= k (nd M)) (< k (- 0 d))) ((sel Y y d R)))",
 )
 _rule(
     "fill-both-selected",
