@@ -15,6 +15,7 @@ outputs = "replicated"                         # optional: replicated | sharded 
 [tool.shardproof.check.parameters]            # optional overrides, by rank parameter name pattern
 "layers.*.rotary.inv_freq" = "replicated"      # replicated | shard:<dim> | share (1/world_size of it)
 "layers.*.wq_local" = "shard:0 of layers.*.attention.wq.weight"   # when the names differ
+"layers.*.fc1.weight" = "packed-shard:0:2"     # [gate; up] packed along dim 0, each part sharded
 
 [tool.shardproof.check.bounds]                # optional saturation bounds
 iterations = 200
@@ -57,7 +58,9 @@ from .graph.model import Frame
 
 OUTPUT_EXPECTATIONS = ("replicated", "sharded", "partial")
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-_RELATION = re.compile(r"^(?P<relation>replicated|share|shard:-?\d+)(?:\s+of\s+(?P<reference>\S+))?$")
+_RELATION = re.compile(
+    r"^(?P<relation>replicated|share|shard:-?\d+|packed-shard:-?\d+:[1-9]\d*)(?:\s+of\s+(?P<reference>\S+))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def _glob_regex(pattern: str) -> str:
 @dataclass(frozen=True)
 class ParameterOverride:
     pattern: str
-    relation: str  # replicated | share | shard:<dim>
+    relation: str  # replicated | share | shard:<dim> | packed-shard:<dim>:<parts>
     reference: str | None  # reference parameter name (may use the pattern's *), default: the same name
     line: int
 
@@ -127,6 +130,24 @@ def declared_shard(size: int, rank: int, world_size: int) -> tuple[int, int]:
     blocks (what the static capture assumes and the numeric witness loads)."""
     per_rank = size // world_size
     return rank * per_rank, (rank + 1) * per_rank
+
+
+def declared_blocks(relation: str, size: int, rank: int, world_size: int) -> list[tuple[int, int]]:
+    """The [start, end) ranges of the declared dim that a rank holds, concatenated in order:
+    one block for `shard:<dim>`; for `packed-shard:<dim>:<parts>` (a weight that packs `parts`
+    equal matrices along the dim, such as Megatron's [gate; up]) the rank's block of every part."""
+    parts = int(relation.split(":")[2]) if relation.startswith("packed-shard:") else 1
+    part = size // parts
+    blocks = []
+    for index in range(parts):
+        start, end = declared_shard(part, rank, world_size)
+        blocks.append((index * part + start, index * part + end))
+    return blocks
+
+
+def declared_dim(relation: str) -> int:
+    """The dim of a `shard:<dim>` or `packed-shard:<dim>:<parts>` relation."""
+    return int(relation.split(":")[1])
 
 
 @dataclass(frozen=True)
@@ -287,7 +308,8 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         match = _RELATION.match(value) if isinstance(value, str) else None
         if match is None or (reference is not None and not isinstance(reference, str)):
             raise ConfigError(
-                f"check {name!r}: relation for {pattern!r} must be replicated, share or shard:<dim> "
+                f"check {name!r}: relation for {pattern!r} must be replicated, share, shard:<dim> or "
+                "packed-shard:<dim>:<parts> "
                 f"(optionally followed by `of <reference parameter>`), got {value!r}",
                 site(key_line(pattern)),
             )

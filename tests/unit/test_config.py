@@ -125,3 +125,24 @@ def test_a_same_code_check_cannot_set_a_quick_reference() -> None:
     with pytest.raises(ConfigError) as info:
         parse(text)
     assert "quick `reference`" in info.value.message
+
+
+def test_a_packed_weight_declares_its_parts() -> None:
+    project = parse(GOOD.replace('"norm.weight" = "replicated"', '"mlp.fc1.weight" = "packed-shard:0:2"'))
+    assert project.checks[0].relation_override("mlp.fc1.weight") == ("packed-shard:0:2", "mlp.fc1.weight", 15)
+
+
+@pytest.mark.parametrize("relation", ["packed-shard:0", "packed-shard:0:0", "packed:0:2"])
+def test_a_malformed_packed_relation_names_the_forms(relation: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(GOOD.replace('"norm.weight" = "replicated"', f'"mlp.fc1.weight" = "{relation}"'))
+    assert "packed-shard:<dim>:<parts>" in info.value.message
+    assert info.value.site is not None and info.value.site.line == 15
+
+
+def test_a_packed_shard_holds_the_rank_block_of_every_part() -> None:
+    from shardproof.config import declared_blocks
+
+    # [gate; up], 8 rows each, 4 ranks: rank 1 holds gate rows 2:4 and up rows 10:12
+    assert declared_blocks("packed-shard:0:2", 16, 1, 4) == [(2, 4), (10, 12)]
+    assert declared_blocks("shard:0", 16, 1, 4) == [(4, 8)]

@@ -94,3 +94,20 @@ def test_same_code_parameters_relate_by_name_and_shape() -> None:
     assert same_code_relation(own, (4, 16), full, 1, 2) == own
     assert same_code_relation(own, (8, 10), full, 1, 2) == own
     assert same_code_relation(own, (8, 16), None, 1, 2) == own
+
+
+def test_a_declared_packed_shard_is_the_rank_block_of_every_part() -> None:
+    import torch
+
+    from shardproof.capture.program import _override
+    from shardproof.relations.expr import CatOf, Fresh, ParamRef
+    from shardproof.witness.numeric import declared_value
+
+    own = Fresh(shape=(4, 3), dtype="float32", reason="uninitialised (empty)")
+    packed = ParamRef(name="fc1", shape=(8, 3), dtype="float32")  # [gate; up], 4 rows each
+    expr = _override(own, "packed-shard:0:2", packed, rank=1, world_size=2)
+    assert isinstance(expr, CatOf) and expr.dim == -2 and expr.shape == (4, 3)
+    assert [(p.start, p.end) for p in expr.parts] == [(2, 4), (6, 8)]
+    # the witness loads the same rows
+    values = torch.arange(24.0).reshape(8, 3)
+    assert torch.equal(declared_value(values, "packed-shard:0:2", 1, 2), values[[2, 3, 6, 7]])

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import Check, Project, declared_shard
+from ..config import Check, Project, declared_blocks, declared_dim, declared_shard
 from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Graph
-from ..relations.expr import Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
+from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
 from .fake_pg import fake_rank, group_ranks
 from .frames import exact_stack_traces
 from .normalize import dtype_name, to_graph
@@ -377,7 +377,19 @@ def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size:
         return reference
     if relation == "share":
         return ScaleOf(source=reference, factor=Fraction(1, world_size), shape=reference.shape, dtype=reference.dtype)
-    return _rank_block(reference, int(relation.split(":")[1]), expr.shape, rank, world_size)
+    if relation.startswith("packed-shard:"):
+        nd = len(reference.shape)
+        dim = declared_dim(relation)
+        dim = dim - nd if dim >= 0 else dim
+        pieces = []
+        for start, end in declared_blocks(relation, reference.shape[dim], rank, world_size):
+            shape = list(reference.shape)
+            shape[dim] = end - start
+            pieces.append(
+                SliceOf(source=reference, dim=dim, start=start, end=end, shape=tuple(shape), dtype=reference.dtype)
+            )
+        return CatOf(parts=tuple(pieces), dim=dim, shape=expr.shape, dtype=reference.dtype)
+    return _rank_block(reference, declared_dim(relation), expr.shape, rank, world_size)
 
 
 def _rank_block(reference: Expr, dim: int, shape: tuple[int, ...], rank: int, world_size: int) -> SliceOf:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from ..config import declared_shard
+from ..config import declared_blocks, declared_dim
 
 # A check's declared parameter relations: rank parameter name -> (relation, reference name, line).
 RelationOverride = Callable[[str], "tuple[str, str, int] | None"]
@@ -384,13 +384,14 @@ def load_declared_values(
 
 
 def declared_value(source: torch.Tensor, relation: str, rank: int, world_size: int) -> torch.Tensor:
-    """A rank's value of a reference tensor under a declared relation (replicated, share, shard:<d>)."""
+    """A rank's value of a reference tensor under a declared relation (replicated, share,
+    shard:<d>, packed-shard:<d>:<parts>)."""
     if relation == "share":
         return source / world_size
-    if relation.startswith("shard:"):
-        dim = int(relation.split(":")[1])
-        start, end = declared_shard(source.shape[dim], rank, world_size)
-        return source.narrow(dim, start, end - start)
+    if relation.startswith(("shard:", "packed-shard:")):
+        dim = declared_dim(relation)
+        blocks = declared_blocks(relation, source.shape[dim], rank, world_size)
+        return torch.cat([source.narrow(dim, start, end - start) for start, end in blocks], dim=dim)
     return source
 
 
