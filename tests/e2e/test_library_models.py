@@ -4,6 +4,7 @@ verdicts cross-checked with real numbers (every rank in its own process on a glo
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.slow
         ("megatron_gpt", "megatron-tp"),
         # the same with sequence parallelism: scatter, all-gather and reduce-scatter on the sequence dim
         ("megatron_gpt", "megatron-sp"),
+        # Megatron-core's GPTModel (local spec): rotary, fused QKV over sharded heads, gated MLP
+        ("megatron_gpt", "megatron-gptmodel"),
     ],
 )
 def test_library_model_is_verified_against_itself_at_world_size_1(example: str, name: str, sandbox) -> None:
@@ -208,62 +211,18 @@ def test_tensor_attributes_and_grad_mode_regions_are_followed(same_code_project,
     assert not numbers.differs, numbers.to_dict()
 
 
-GPT_MODEL = """
-import torch
-import torch.distributed as dist
-from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.transformer.transformer_config import TransformerConfig
-
-
-class Generate(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, tokens):
-        positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
-        return self.model(tokens, positions, None)
-
-
-def build():
-    config = TransformerConfig(
-        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
-        tensor_model_parallel_size=dist.get_world_size(), use_cpu_initialization=True,
-        perform_initialization=False, params_dtype=torch.float32, normalization="RMSNorm",
-        add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
-    )
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    model = GPTModel(
-        config, spec, vocab_size=256, max_sequence_length=32, position_embedding_type="rope", parallel_output=False
-    )
-    return Generate(model)
-
-
-def inputs():
-    return (torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0)),)
-"""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="GPTModel's core attention merges the batch and the sharded head dim in one reshape before "
-    "baddbmm ([sq, b, np, hn] -> [sq, b*np, hn]); the view rules cannot relate a slice of an inner dim "
-    "merged with an outer dim, so the result is a discrepancy the numbers do not confirm",
-)
-def test_megatron_gpt_model_is_verified_against_itself_at_world_size_1(tmp_path: Path, sandbox) -> None:
-    (tmp_path / "gpt_model.py").write_text(GPT_MODEL)
-    (tmp_path / "pyproject.toml").write_text(
-        '[tool.shardproof]\npython-path = ["."]\n\n[[tool.shardproof.check]]\nname = "gpt"\n'
-        'parallel = "gpt_model:build"\nreference = { world-size = 1 }\ninputs = "gpt_model:inputs"\n'
-        'world-sizes = [2]\noutputs = "replicated"\n'
-    )
-    project = load_project(tmp_path)
-    result = verify_check(project.check("gpt"), project, [2], sandbox)
-    # Captured with the shims (null RNG tracker, causal mask, viewless tensors, grad-mode regions):
-    assert result.error is None, result.error
-    (outcome,) = result.results
-    if outcome.verdict == "discrepancy":
-        # Never a false alarm presented as fact: the numbers agree, so it is labelled unconfirmed.
-        assert outcome.discrepancies[0].witness["status"] == "unconfirmed"
-    assert outcome.verdict == "verified", outcome.summary
+def test_a_packed_weight_needs_its_layout_declared(tmp_path: Path, sandbox) -> None:
+    """Without `packed-shard:0:2`, the gated MLP's [gate; up] weight is taken as one contiguous
+    block per rank: a real difference, found statically and confirmed with numbers."""
+    root = tmp_path / "megatron_gpt"
+    shutil.copytree(EXAMPLES / "megatron_gpt", root, ignore=shutil.ignore_patterns("__pycache__"))
+    pyproject = root / "pyproject.toml"
+    text = pyproject.read_text()
+    pyproject.write_text(text[: text.index("[tool.shardproof.check.parameters]")])
+    project = load_project(root)
+    (outcome,) = verify_check(project.check("megatron-gptmodel"), project, [2], sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    finding = outcome.discrepancies[0]
+    assert finding.kind == "wrong-shard", finding.message
+    assert "linear_fc1" in finding.message
+    assert finding.witness is not None and finding.witness["status"] == "confirmed", finding.witness
