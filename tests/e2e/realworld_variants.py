@@ -79,7 +79,7 @@ VARIANTS: tuple[BugVariant, ...] = (
         "mg_gpt/model.py",
         "q, k, v = qkv.view(seq, batch, self.local_heads, 3 * self.head_dim).split(self.head_dim, dim=-1)",
         "q, k, v = qkv.view(seq, batch, 3, self.local_heads, self.head_dim).unbind(2)",
-        "wrong-shard",
+        "wrong-layout",
     ),
     BugVariant(
         "megatron_gpt",

@@ -838,15 +838,22 @@ class Localizer:
         for k, (ref_value, value) in enumerate(zip(ref_node.inputs, aligned.inputs, strict=False)):
             if not self.relations_between(ref_value, rank, value):
                 wrong.append((k, ref_value, value))
+        proper_shards = False
         if not wrong:
             unsupported = self._unsupported(ref_node, rank)
             if unsupported is not None:
                 return unsupported
-            wrong = self._inconsistent_inputs(ref_node, aligned, rank)
+            wrong, proper_shards = self._inconsistent_inputs(ref_node, aligned, rank)
         if not wrong:
             return None
         k, ref_value, value = wrong[0]
-        culprit_site, how = self.blame(rank, value)
+        handover = self.handover_frame(self.rank_node(rank, value), aligned) if proper_shards else None
+        if handover is not None:
+            # A proper shard that reached an op needing another layout: it was computed right and
+            # passed on unconverted (a missing gather), so the fix is where it was passed on.
+            culprit_site, how = to_site(handover), "handover"
+        else:
+            culprit_site, how = self.blame(rank, value)
         if how.startswith("unsupported:") or aligned.op == "generic":
             op = how.removeprefix("unsupported:") if how.startswith("unsupported:") else _describe_op(aligned)
             return Unsupported(
@@ -867,6 +874,8 @@ class Localizer:
             kind = "shard-order"
         if how == "unrelated-parameter":
             kind = "unrelated-parameter"
+        if how == "handover":
+            kind = "wrong-layout"
         where = self.rank_site(aligned).short() if aligned.site else "?"
         message = (
             f"rank {rank} applies the {_describe_op(aligned)} at {where} to {found}, where the reference uses "
@@ -882,7 +891,12 @@ class Localizer:
             parallel_nodes=[f"rank{rank}/{aligned.id}", f"rank{rank}/{value}"],
             expected=expected,
             found=found,
-            suggestion="make this rank hold the slice its partners expect (see the first location)",
+            suggestion=(
+                "this rank's value is a proper shard, but not in the layout this operation needs: fix the line "
+                "that passes it on (a missing gather, or a view in the wrong layout)"
+                if how == "handover"
+                else "make this rank hold the slice its partners expect (see the first location)"
+            ),
             details={"blame": how, "wrong_inputs": [w[0] for w in wrong]},
         )
 
@@ -915,8 +929,31 @@ class Localizer:
             site=self.ref_site(ref_node),
         )
 
-    def _inconsistent_inputs(self, ref_node: Node, aligned: Node, rank: int) -> list[tuple[int, str, str]]:
-        """All inputs are related, but their selections do not fit: blame the one that does not tile."""
+    def handover_frame(self, producer: Node | None, consumer: Node) -> Frame | None:
+        """The user line that passed a value from where it was computed to where it was used: the
+        deepest frame both call stacks share, or the consumer's line when both ran in one function."""
+        if producer is None or producer.site is None or consumer.site is None:
+            return None
+        made, used = producer.site.frames, consumer.site.frames
+        depth = 0
+        while depth < min(len(made), len(used)) and (made[depth].file, made[depth].line, made[depth].function) == (
+            used[depth].file,
+            used[depth].line,
+            used[depth].function,
+        ):
+            depth += 1
+        same_function = depth < min(len(made), len(used)) and (made[depth].file, made[depth].function) == (
+            used[depth].file,
+            used[depth].function,
+        )
+        chosen = used[depth] if same_function else (used[depth - 1] if depth else None)
+        if chosen is None or chosen.library is not None:
+            return None
+        return chosen
+
+    def _inconsistent_inputs(self, ref_node: Node, aligned: Node, rank: int) -> tuple[list[tuple[int, str, str]], bool]:
+        """All inputs are related, but their selections do not fit: blame the one that does not
+        tile; and whether every blamed input is a proper shard (tiles across the ranks)."""
         scored: list[tuple[bool, int, str, str]] = []
         for k, (ref_value, value) in enumerate(zip(ref_node.inputs, aligned.inputs, strict=False)):
             rels = self.relations_between(ref_value, rank, value)
@@ -926,8 +963,14 @@ class Localizer:
         anchors = [s for s in scored if s[0]]
         suspects = [s for s in scored if not s[0]]
         if anchors and suspects:
-            return [(k, ref_value, value) for _, k, ref_value, value in suspects]
-        return [(k, ref_value, value) for _, k, ref_value, value in scored[-1:]]
+            return [(k, ref_value, value) for _, k, ref_value, value in suspects], False
+        # Every input is a proper shard but they do not combine (a sequence shard meeting a
+        # vocabulary-sharded weight): a parameter's shard is the loader's deliberate layout, so
+        # the computed input that reached the op in the wrong layout is blamed first.
+        if not scored or not all(tiles for tiles, *_ in scored):
+            return [(k, ref_value, value) for _, k, ref_value, value in scored[-1:]], False
+        computed = [s for s in scored if self.is_parameter_value(rank, s[3]) is None]
+        return [(k, ref_value, value) for _, k, ref_value, value in (computed or scored)[-1:]], True
 
     def _tiles_across_ranks(self, ref_value: str, aligned: Node, position: int) -> bool:
         """Do the ranks' selections of this input tile it in rank order (allowing replicated blocks)?"""
@@ -950,7 +993,11 @@ class Localizer:
                 spans.append((rel.dim, *rel.ranges[0]))
             else:
                 spans.append((0, rel.start, rel.end))
-        return blocked_tiling([(s, e) for _, s, e in spans])
+        # The blocks must cover the whole dim: every rank holding block 0 tiles nothing.
+        shape = self._shape(ref_value)
+        dims = {d for d, _, _ in spans}
+        size = shape[dims.pop()] if shape is not None and len(dims) == 1 and spans[0][0] != 0 else None
+        return blocked_tiling([(s, e) for _, s, e in spans], size)
 
     def blame(self, rank: int, value: str, depth: int = 0) -> tuple[Site | None, str]:
         """Walk back from a wrong rank value to where its wrongness was introduced."""
@@ -969,6 +1016,11 @@ class Localizer:
             v for v in node.inputs if not self.is_related(rank, v) and not self._is_constant_like(rank, v)
         ]
         if unrelated_inputs:
+            producer = self.rank_node(rank, unrelated_inputs[0])
+            if producer is not None and producer.collective is not None and producer.collective.kind == "all_gather":
+                # A gathered buffer (the ranks' pieces stacked along dim 0) is rarely a value the
+                # reference has; what this op makes of it is where a wrong regrouping happens.
+                return self.rank_site(node), "after-gather"
             return self.blame(rank, unrelated_inputs[0], depth + 1)
         sharded = [v for v in node.inputs if not self._is_replicated(rank, v)]
         if sharded:
