@@ -148,8 +148,7 @@ VARIANTS: tuple[BugVariant, ...] = (
 )
 
 # Mistakes in the sequence-parallel version (sp.py, whose collectives act on the sequence dim of
-# a batch-first layout). Each is caught and confirmed numerically; two are reported at their line,
-# sp-scatter-without-regroup not yet (see tests/e2e/test_llama_example.py).
+# a batch-first layout). Each is caught, confirmed numerically and reported at its line.
 SEQUENCE_PARALLEL_VARIANTS: tuple[BugVariant, ...] = (
     BugVariant(
         "sp-gather-as-reshape",
@@ -168,7 +167,7 @@ SEQUENCE_PARALLEL_VARIANTS: tuple[BugVariant, ...] = (
         "by_rank = torch.cat(x.chunk(world_size, dim=1), dim=0).contiguous()",
         "by_rank = x.reshape(world_size * x.shape[0], -1, x.shape[2]).contiguous()",
         (2, 4),
-        "not-equivalent",
+        "wrong-layout",
         parallel="llama_example.sp:parallelize",
     ),
     BugVariant(

@@ -111,21 +111,7 @@ def test_sequence_parallel_mistake_is_a_confirmed_discrepancy(
     assert witness is not None and witness["status"] == "confirmed", witness
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "sp-gather-as-reshape",
-        pytest.param(
-            "sp-scatter-without-regroup",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="found and confirmed, but reported where the embedding's partial sum is masked: the "
-                "partial-sum relation is lost at the regrouping reshape before the reduce-scatter",
-            ),
-        ),
-        "sp-missing-final-gather",
-    ],
-)
+@pytest.mark.parametrize("name", ["sp-gather-as-reshape", "sp-scatter-without-regroup", "sp-missing-final-gather"])
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_sequence_parallel_mistake_is_reported_at_its_line(
     name: str, world_size: int, sequence_parallel_projects, sandbox

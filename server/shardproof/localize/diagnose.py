@@ -376,7 +376,10 @@ class Localizer:
                 best = candidate
         return best[3] if best else None
 
-    def downstream_all_reduce(self, rank: int, value: str, depth: int = 8) -> Node | None:
+    def downstream_all_reduce(
+        self, rank: int, value: str, depth: int = 8, kinds: tuple[str, ...] = ("all_reduce",)
+    ) -> Node | None:
+        """The first reduction of `kinds` that a value reaches through linear data movement."""
         frontier = [value]
         seen: set[str] = set()
         for _ in range(depth):
@@ -387,7 +390,7 @@ class Localizer:
                         continue
                     seen.add(consumer_id)
                     consumer = self.rank_nodes[rank][consumer_id]
-                    if consumer.op == "all_reduce":
+                    if consumer.op in kinds:
                         return consumer
                     if (
                         consumer.op,
@@ -569,6 +572,11 @@ class Localizer:
             reductions = [item for item in consumers if item[2].op == "all_reduce"]
             if reductions:
                 return self.reduction_coverage(ref_node, value, rank, reductions[0][2])
+            # Where the partial sum leaks: a consumer whose own output is not again a partial sum
+            # of the same value (masking a lookup keeps it partial; a wrong regrouping does not).
+            still_partial = {v for _, v in partials}
+            leaks = [item for item in consumers if item[2].id not in still_partial]
+            consumers = leaks or consumers
             aligned = self.aligned(ref_node, rank)
             rel, partial_value, consumer = next(
                 (item for item in consumers if aligned is not None and item[2].id == aligned.id), consumers[0]
@@ -635,6 +643,25 @@ class Localizer:
                     suggestion=f"add {parameter} after the all-reduce (or add 1/world_size of it on every rank)",
                     details=self._fix("move-out", f"Add {parameter} after the all-reduce"),
                 )
+        movement = consumer.op in ("view", "permute", "slice", "cat", "expand")
+        reduction = self.downstream_all_reduce(rank, consumer.id, kinds=("all_reduce", "reduce_scatter"))
+        if movement and reduction is not None:
+            # The partial sums do reach a reduction, but rearranged on the way in a layout the
+            # reference's value does not have (chunks regrouped wrongly before a reduce-scatter).
+            where = self.rank_site(consumer).short() if consumer.site else "?"
+            return Discrepancy(
+                kind="wrong-layout",
+                message=f"the partial sums are rearranged by the {_describe_op(consumer)} at {where} before the "
+                f"{_describe_op(reduction)}, into a layout that does not match the reference's value",
+                primary=self.rank_site(consumer),
+                reference=reference_site,
+                related=[s for s in [self.rank_site(reduction, "the reduction it feeds")] if s],
+                reference_node=ref_node.id,
+                parallel_nodes=[f"rank{rank}/{partial_value}", f"rank{rank}/{consumer.id}"],
+                expected=f"{self.ref_value_name(ref_value)} in the layout the reduction splits or sums",
+                found=holds,
+                suggestion="rearrange the partial sums so that the reduction's chunks are the ranks' slices",
+            )
         kind = "missing-reduction" if consumer.op in ("binary",) else "partial-sum-into-nonlinear"
         producer_site = self.rank_site(producer, "the partial sum is produced here") if producer else None
         what = self.ref_value_name(ref_value) if ref_input is not None else ref_value
