@@ -226,3 +226,22 @@ def test_a_packed_weight_needs_its_layout_declared(tmp_path: Path, sandbox) -> N
     assert finding.kind == "wrong-shard", finding.message
     assert "linear_fc1" in finding.message
     assert finding.witness is not None and finding.witness["status"] == "confirmed", finding.witness
+
+
+def test_a_missing_sequence_scatter_is_named_at_the_gather_that_repeats_the_value(tmp_path: Path, sandbox) -> None:
+    """Megatron's sequence-parallel model without `scatter_to_sequence_parallel_region`: the first
+    column-parallel layer all-gathers a value every rank holds whole. The missing line has no
+    operation to point at, so the report names the gather and says what is missing."""
+    root = tmp_path / "megatron_gpt"
+    shutil.copytree(EXAMPLES / "megatron_gpt", root, ignore=shutil.ignore_patterns("__pycache__"))
+    model = root / "mg_gpt/model.py"
+    text = model.read_text()
+    assert text.count("h = scatter_to_sequence_parallel_region(h)") == 1
+    model.write_text(text.replace("h = scatter_to_sequence_parallel_region(h)", "pass"))
+    project = load_project(root)
+    (outcome,) = verify_check(project.check("megatron-sp"), project, [2], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    finding = outcome.discrepancies[0]
+    assert "all-gather of a value every rank already holds in full" in finding.message, finding.message
+    assert finding.suggestion.startswith("scatter the value before this gather")
+    assert finding.primary is not None and Path(finding.primary.file) == model

@@ -908,6 +908,20 @@ class Localizer:
             f"rank {rank} applies the {_describe_op(aligned)} at {where} to {found}, where the reference uses "
             f"{self.ref_value_name(ref_value)}"
         )
+        gather = self.rank_node(rank, value)
+        if (
+            gather is not None
+            and gather.op == "all_gather"
+            and gather.inputs
+            and self._is_replicated(rank, gather.inputs[0])
+        ):
+            # Gathering what every rank already holds in full repeats it world-size times: a
+            # sequence-parallel region entered without its scatter (or one gather too many).
+            message += (
+                "; it is the all-gather of a value every rank already holds in full, so the value was not "
+                "split (scattered) before the gather, or the gather is one too many"
+            )
+            how = "gather-of-whole"
         return Discrepancy(
             kind=kind,
             message=message,
@@ -922,6 +936,8 @@ class Localizer:
                 "this rank's value is a proper shard, but not in the layout this operation needs: fix the line "
                 "that passes it on (a missing gather, or a view in the wrong layout)"
                 if how == "handover"
+                else "scatter the value before this gather (each rank keeps its slice), or drop the gather"
+                if how == "gather-of-whole"
                 else "make this rank hold the slice its partners expect (see the first location)"
             ),
             details={"blame": how, "wrong_inputs": [w[0] for w in wrong]},
