@@ -132,6 +132,18 @@ def declared_shard(size: int, rank: int, world_size: int) -> tuple[int, int]:
     return rank * per_rank, (rank + 1) * per_rank
 
 
+def same_code_sharded_dim(shape: tuple[int, ...], reference_shape: tuple[int, ...], world_size: int) -> int | None:
+    """For the same code at world size 1: the one dim along which a rank tensor is world_size times
+    smaller than the reference tensor of the same name (fairscale's and Megatron's contiguous
+    block), or None when the shapes relate otherwise (equal shapes are checked by the caller)."""
+    if len(shape) != len(reference_shape):
+        return None
+    differing = [d for d, (ours, theirs) in enumerate(zip(shape, reference_shape, strict=True)) if ours != theirs]
+    if len(differing) != 1 or reference_shape[differing[0]] != shape[differing[0]] * world_size:
+        return None
+    return differing[0]
+
+
 def declared_blocks(relation: str, size: int, rank: int, world_size: int) -> list[tuple[int, int]]:
     """The [start, end) ranges of the declared dim that a rank holds, concatenated in order:
     one block for `shard:<dim>`; for `packed-shard:<dim>:<parts>` (a weight that packs `parts`

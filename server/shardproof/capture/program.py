@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import Check, Project, declared_blocks, declared_dim, declared_shard
+from ..config import Check, Project, declared_blocks, declared_dim, declared_shard, same_code_sharded_dim
 from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Graph
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
@@ -361,14 +361,12 @@ def same_code_relation(own: Expr, shape: tuple[int, ...], reference: Expr | None
     """A rank tensor of the same code as the world-size-1 reference: the reference tensor of the
     same name when the shapes agree, the rank's contiguous block along the one dim that is
     world_size times smaller (fairscale's and Megatron's layout), else what the builder made."""
-    if reference is None or len(reference.shape) != len(shape):
+    if reference is None:
         return own
     if reference.shape == shape:
         return reference
-    differing = [d for d, (ours, theirs) in enumerate(zip(shape, reference.shape, strict=True)) if ours != theirs]
-    if len(differing) != 1 or reference.shape[differing[0]] != shape[differing[0]] * world_size:
-        return own
-    return _rank_block(reference, differing[0], shape, rank, world_size)
+    dim = same_code_sharded_dim(shape, reference.shape, world_size)
+    return own if dim is None else _rank_block(reference, dim, shape, rank, world_size)
 
 
 def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size: int) -> Expr:

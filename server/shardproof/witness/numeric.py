@@ -20,7 +20,7 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -228,11 +228,22 @@ def input_trials(
         )
 
 
-def _check_size(build_reference: Callable[[], Any]) -> None:
-    with torch.device("meta"):
-        probe = build_reference()
+def refuse_large(build: Callable[[], Any], limit: int) -> None:
+    """Count the parameters without allocating them (meta, or fake tensors for builders that
+    ignore the meta device); refuse a model too large to run with real numbers. A builder that
+    fails both ways is left to the real build, which reports its error."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    probe = None
+    for mode in (lambda: torch.device("meta"), lambda: FakeTensorMode(allow_non_fake_inputs=True)):
+        try:
+            with mode():
+                probe = build()
+            break
+        except Exception:  # noqa: BLE001 - try the next way; the real build reports errors
+            continue
     elements = parameter_elements(probe) if isinstance(probe, nn.Module) else 0
-    if elements > MAX_PARAMETER_ELEMENTS:
+    if elements > limit:
         raise NumericRunError(
             f"the model has {elements:,} parameter elements, too many to run with real numbers; "
             "declare a smaller quick configuration"
@@ -258,7 +269,7 @@ def run_and_compare(
     with default_dtype(torch.float64), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            _check_size(build_reference)
+            refuse_large(build_reference, MAX_PARAMETER_ELEMENTS)
             torch.manual_seed(seed)
             reference = build_reference()
             inputs = make_inputs()
@@ -270,25 +281,39 @@ def run_and_compare(
             inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
         reference.to(torch.float64).eval()
         randomize(reference, seed)
-        best: NumericComparison | None = None
-        for description, candidate in input_trials(reference, to_float64(inputs), world_size, seed):
-            comparison = _one_trial(
-                reference,
-                candidate,
-                build_parallel,
-                world_size,
-                output_relation,
-                module_path,
-                configuration,
-                relation_override or (lambda _name: None),
+        trials = (
+            (
+                description,
+                _one_trial(
+                    reference,
+                    candidate,
+                    build_parallel,
+                    world_size,
+                    output_relation,
+                    module_path,
+                    configuration,
+                    relation_override or (lambda _name: None),
+                ),
             )
-            comparison.inputs = description
-            if best is None or comparison.differs:
-                best = comparison
-            if comparison.differs:
-                break
-    assert best is not None
+            for description, candidate in input_trials(reference, to_float64(inputs), world_size, seed)
+        )
+        best = first_differing(trials)
     best.seconds = time.perf_counter() - start
+    return best
+
+
+def first_differing(trials: Iterable[tuple[str, NumericComparison]]) -> NumericComparison:
+    """The first trial whose numbers differ (later trials are not run), else the first trial;
+    each labelled with the inputs it ran on."""
+    best: NumericComparison | None = None
+    for description, comparison in trials:
+        comparison.inputs = description
+        if best is None or comparison.differs:
+            best = comparison
+        if comparison.differs:
+            break
+    if best is None:
+        raise NumericRunError("the ranks ran no input")
     return best
 
 
@@ -363,11 +388,18 @@ def hook_module(module: nn.Module, path: str, into: dict[str, Any], key: str) ->
 
 
 def load_declared_values(
-    module: nn.Module, reference: nn.Module, relation_override: RelationOverride, rank: int, world_size: int
+    module: nn.Module,
+    reference: nn.Module,
+    relation_override: RelationOverride,
+    rank: int,
+    world_size: int,
+    undeclared: Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor | None] | None = None,
 ) -> None:
-    """Give the rank parameters with a declared relation the values it states. The static proof
-    assumes the declaration (it stands for loading the builder cannot show, such as a checkpoint
-    read at run time), so the numbers must run under the same assumption."""
+    """Give the rank parameters and buffers with a declared relation the values it states. The
+    static proof assumes the declaration (it stands for loading the builder cannot show, such as a
+    checkpoint read at run time), so the numbers must run under the same assumption. `undeclared`
+    gives the value of the others from (the reference tensor of the same name or None, the rank
+    tensor), or None to keep what the builder made."""
     reference_tensors = dict(reference.named_parameters(remove_duplicate=False))
     reference_tensors |= dict(reference.named_buffers(remove_duplicate=False))
     rank_tensors = list(module.named_parameters(remove_duplicate=False))
@@ -375,12 +407,17 @@ def load_declared_values(
     for name, tensor in rank_tensors:
         declared = relation_override(name)
         if declared is None:
-            continue
-        relation, reference_name, _line = declared
-        source = reference_tensors.get(reference_name)
-        if source is None:
-            raise NumericRunError(f"the declaration for {name!r} names {reference_name!r}, which the reference lacks")
-        tensor.copy_(declared_value(source, relation, rank, world_size))
+            value = undeclared(reference_tensors.get(name), tensor) if undeclared is not None else None
+        else:
+            relation, reference_name, _line = declared
+            source = reference_tensors.get(reference_name)
+            if source is None:
+                raise NumericRunError(
+                    f"the declaration for {name!r} names {reference_name!r}, which the reference lacks"
+                )
+            value = declared_value(source, relation, rank, world_size)
+        if value is not None:
+            tensor.copy_(value)
 
 
 def declared_value(source: torch.Tensor, relation: str, rank: int, world_size: int) -> torch.Tensor:

@@ -38,19 +38,20 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from ..config import Check, Project, declared_shard, load_project
+from ..config import Check, Project, declared_shard, load_project, same_code_sharded_dim
 from . import numeric
 from .numeric import (
     NumericComparison,
     NumericRunError,
     RelationOverride,
     compare_runs,
-    declared_value,
     default_dtype,
+    first_differing,
     hook_module,
     input_trials,
-    parameter_elements,
+    load_declared_values,
     randomize,
+    refuse_large,
     to_float64,
 )
 
@@ -81,18 +82,15 @@ def run_same_code(
         result = torch.load(Path(scratch) / "result.pt", weights_only=False)
     if "error" in result:
         raise NumericRunError(result["error"])
-    best: NumericComparison | None = None
-    for description, reference_outputs, rank_outputs, captured in result["trials"]:
-        comparison = compare_runs(
-            reference_outputs, rank_outputs, captured, world_size, check.outputs, module_path, configuration
+    best = first_differing(
+        (
+            description,
+            compare_runs(
+                reference_outputs, rank_outputs, captured, world_size, check.outputs, module_path, configuration
+            ),
         )
-        comparison.inputs = description
-        if best is None or comparison.differs:
-            best = comparison
-        if comparison.differs:
-            break
-    if best is None:
-        raise NumericRunError("the ranks ran no input")
+        for description, reference_outputs, rank_outputs, captured in result["trials"]
+    )
     best.seconds = time.perf_counter() - start
     return best
 
@@ -249,7 +247,7 @@ def _run_rank(
     # The reference: the same code as the only rank of a one-rank group.
     with _group(scratch / f"reference{rank}.store", 0, 1), library_shims("cpu"):
         initialise_libraries(1)
-        _refuse_large(build, job["max_parameter_elements"])
+        refuse_large(build, job["max_parameter_elements"])
         torch.manual_seed(seed)
         reference = _built(build, "building the model at world size 1")
         reference.to(torch.float64).eval()
@@ -309,27 +307,6 @@ def _built(build: Any, stage: str) -> nn.Module:
     return module
 
 
-def _refuse_large(build: Any, limit: int) -> None:
-    """Count the parameters without allocating them (meta, or fake tensors for builders that
-    ignore the meta device); refuse a model too large to run with real numbers."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    probe = None
-    for mode in (lambda: torch.device("meta"), lambda: FakeTensorMode(allow_non_fake_inputs=True)):
-        try:
-            with mode():
-                probe = build()
-            break
-        except Exception:  # noqa: BLE001 - try the next way; the real build reports errors
-            continue
-    elements = parameter_elements(probe) if isinstance(probe, nn.Module) else 0
-    if elements > limit:
-        raise NumericRunError(
-            f"the model has {elements:,} parameter elements, too many to run with real numbers; "
-            "declare a smaller quick configuration"
-        )
-
-
 def load_reference_values(
     module: nn.Module, reference: nn.Module, relation_override: RelationOverride, rank: int, world_size: int
 ) -> None:
@@ -337,38 +314,19 @@ def load_reference_values(
     relation the static proof assumes for the same code (see `capture.program.same_code_relation`):
     a declaration first, else the same shape is the same tensor and a shape `world_size` times
     smaller along one dim is the rank's contiguous block. Anything else keeps what the builder made."""
-    reference_tensors = dict(reference.named_parameters(remove_duplicate=False))
-    reference_tensors |= dict(reference.named_buffers(remove_duplicate=False))
-    rank_tensors = list(module.named_parameters(remove_duplicate=False))
-    rank_tensors += list(module.named_buffers(remove_duplicate=False))
-    for name, tensor in rank_tensors:
-        declared = relation_override(name)
-        if declared is not None:
-            relation, reference_name, _line = declared
-            source = reference_tensors.get(reference_name)
-            if source is None:
-                raise NumericRunError(
-                    f"the declaration for {name!r} names {reference_name!r}, which the reference lacks"
-                )
-            value = declared_value(source, relation, rank, world_size)
-        else:
-            source = reference_tensors.get(name)
-            value = None if source is None else _same_code_value(source, tuple(tensor.shape), rank, world_size)
-        if value is not None:
-            tensor.copy_(value)
 
+    def same_code_value(source: torch.Tensor | None, tensor: torch.Tensor) -> torch.Tensor | None:
+        if source is None:
+            return None
+        if source.shape == tensor.shape:
+            return source
+        dim = same_code_sharded_dim(tuple(tensor.shape), tuple(source.shape), world_size)
+        if dim is None:
+            return None
+        start, end = declared_shard(source.shape[dim], rank, world_size)
+        return source.narrow(dim, start, end - start)
 
-def _same_code_value(source: torch.Tensor, shape: tuple[int, ...], rank: int, world_size: int) -> torch.Tensor | None:
-    if source.dim() != len(shape):
-        return None
-    if tuple(source.shape) == shape:
-        return source
-    differing = [d for d, (ours, theirs) in enumerate(zip(shape, source.shape, strict=True)) if ours != theirs]
-    if len(differing) != 1 or source.shape[differing[0]] != shape[differing[0]] * world_size:
-        return None
-    dim = differing[0]
-    start, end = declared_shard(source.shape[dim], rank, world_size)
-    return source.narrow(dim, start, end - start)
+    load_declared_values(module, reference, relation_override, rank, world_size, undeclared=same_code_value)
 
 
 if __name__ == "__main__":
