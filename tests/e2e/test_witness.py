@@ -69,3 +69,12 @@ def test_a_rank_that_fails_with_real_numbers_gives_the_reason(tiny_root: Path) -
     found = witness(project.check("builder-raises"), project, 2)
     assert found["status"] == "unconfirmed"
     assert "rank" in found["reason"] and "failed" in found["reason"]
+
+
+def test_a_failed_run_does_not_spoil_the_next_one(tiny_root: Path) -> None:
+    """The worker process lives on between verifications: a run whose rank failed (and woke the
+    others) must leave the next run's collectives working."""
+    project = load_project(tiny_root)
+    assert witness(project.check("builder-raises"), project, 2)["status"] == "unconfirmed"
+    numbers = compare_numerically(project.check("ok"), project, 2)
+    assert not numbers.differs, numbers.to_dict()

@@ -115,6 +115,9 @@ def _threaded_world() -> Iterator[Any]:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    # A run whose rank failed set the class-wide termination flag (`_wake_other_ranks`): left set,
+    # every collective of a later run returns at once and its ranks end without outputs.
+    multi_threaded_pg.ProcessLocalGroup.reset()
     # Process groups registered per thread, as torch's own threaded tests do.
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     world = multi_threaded_pg._install_threaded_pg()
