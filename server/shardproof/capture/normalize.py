@@ -787,10 +787,10 @@ class _Builder:
         a, b = self.value(args[1]), self.value(args[2])
         if self.unmerged_bmm(fx, a, b, alpha, meta):
             return True
-        product = self.add(fx, "matmul", [a, b], {}, meta, suffix=".mm") if alpha != 1 else None
-        if product is None:
+        if alpha == 1:
             self.add(fx, "matmul", [a, b], {}, meta)
         else:
+            product = self.add(fx, "matmul", [a, b], {}, meta, suffix=".mm")
             self.add(fx, "scalar", [product], {"fn": "mul", "value": _literal(alpha)}, meta)
         return True
 
