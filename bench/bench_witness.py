@@ -46,7 +46,10 @@ def main() -> None:
                 ["llama"],
                 [(bug, bug.world_sizes) for bug in bug_variants.VARIANTS + bug_variants.SEQUENCE_PARALLEL_VARIANTS],
             ),
-            "libraries": (["fairscale_llama", "megatron_gpt"], [(bug, (2, 4)) for bug in realworld_variants.VARIANTS]),
+            "libraries": (
+                ["fairscale_llama", "megatron_gpt", "llama_models_meta", "dtensor_llama", "hf_llama"],
+                [(bug, (2, 4)) for bug in realworld_variants.VARIANTS],
+            ),
         }
         for group, (examples, variants) in groups.items():
             if args.only and args.only != group:

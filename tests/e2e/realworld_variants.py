@@ -1,4 +1,5 @@
-"""Realistic one-line mistakes in the real-world examples (fairscale, Megatron-core).
+"""Realistic one-line mistakes in the real-world examples (fairscale, Megatron-core, DTensor plans,
+a user's override of Meta's Llama attention, Hugging Face tp_plan entries).
 
 Each variant is the example with one line changed; the tests assert that shardproof reports it
 at that line, in the user's model (never inside the library).
@@ -90,5 +91,59 @@ VARIANTS: tuple[BugVariant, ...] = (
         "return gather_from_tensor_model_parallel_region(logits).transpose(0, 1)",
         "return logits.transpose(0, 1)",
         "wrong-layout",
+    ),
+    BugVariant(
+        "dtensor_llama",
+        "dtensor-tp",
+        "dtensor-output-not-replicated",
+        "the LM head's plan entry leaves the vocabulary shards as they are (no output_layouts=Replicate()): "
+        "every rank returns its shard of the logits",
+        "dt_llama/parallel.py",
+        '"output": ColwiseParallel(output_layouts=Replicate()),',
+        '"output": ColwiseParallel(),',
+        "wrong-layout",
+    ),
+    BugVariant(
+        "dtensor_llama",
+        "dtensor-tp",
+        "dtensor-gqa-keys-tiled",
+        "grouped-query keys tiled (repeat) instead of interleaved: one function on one device, another once "
+        "the heads are sharded, since each rank's query heads then meet other keys",
+        "dt_llama/model.py",
+        "k = k.repeat_interleave(self.repeats, dim=2)",
+        "k = k.repeat(1, 1, self.repeats, 1)",
+        "wrong-layout",
+    ),
+    BugVariant(
+        "llama_models_meta",
+        "llama-models-sdpa",
+        "llama-models-keys-tiled",
+        "the attention override repeats the cached key heads tiled instead of interleaved (repeat_kv): the "
+        "same at world size 1, wrong once the heads are sharded",
+        "meta_llama/check.py",
+        "keys = repeat_kv(self.cache_k[:bsz, : start_pos + seqlen], self.n_rep)",
+        "keys = self.cache_k[:bsz, : start_pos + seqlen].repeat(1, 1, self.n_rep, 1)",
+        "wrong-layout",
+    ),
+    BugVariant(
+        "llama_models_meta",
+        "llama-models-sdpa",
+        "llama-models-output-reduced-twice",
+        "the attention override all-reduces the output of fairscale's RowParallelLinear, which already did",
+        "meta_llama/check.py",
+        "return self.wo(output)",
+        "return reduce_from_model_parallel_region(self.wo(output))",
+        "duplicate-reduction",
+    ),
+    BugVariant(
+        "hf_llama",
+        "hf-phi3-packed",
+        "hf-packed-gate-up-sharded-as-one",
+        "Phi-3's packed gate_up_proj planned `colwise` instead of `packed_colwise`: each rank holds a block "
+        "of [gate; up] as if it were one matrix, and its chunk(2) pairs the wrong halves",
+        "hf_tp/model.py",
+        '"model.layers.*.mlp.gate_up_proj": "packed_colwise",',
+        '"model.layers.*.mlp.gate_up_proj": "colwise",',
+        "wrong-shard",
     ),
 )

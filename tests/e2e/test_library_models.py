@@ -1,6 +1,8 @@
 """Real-world parallel code from PyPI (fairscale, Megatron-core): one parallel model, the same
-code at world size 1 as the reference; mistakes reported at the user's line, and the static
-verdicts cross-checked with real numbers (every rank in its own process on a gloo group)."""
+code at world size 1 as the reference; torch's DTensor plans against the plain model. Mistakes
+are reported at the user's line (a plan entry for a plan mistake), and the static verdicts are
+cross-checked with real numbers (every rank in its own process on a gloo group for the libraries,
+real DTensor on threads for plans)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ pytestmark = pytest.mark.slow
         ("megatron_gpt", "megatron-sp"),
         # Megatron-core's GPTModel (local spec): rotary, fused QKV over sharded heads, gated MLP
         ("megatron_gpt", "megatron-gptmodel"),
+        # Meta's Llama 3 code from llama-models: complex rotary, KV cache written in the forward
+        ("llama_models_meta", "llama-models-llama3"),
+        # the same with a user's attention override (scaled_dot_product_attention with a mask)
+        ("llama_models_meta", "llama-models-sdpa"),
     ],
 )
 def test_library_model_is_verified_against_itself_at_world_size_1(example: str, name: str, sandbox) -> None:
@@ -50,6 +56,67 @@ def test_library_model_is_verified_against_itself_at_world_size_1(example: str, 
             f"{name} at world size {r.world_size} is proven equal but differs numerically: {numbers.to_dict()}"
         )
         assert numbers.outputs and all(o.max_rel <= numeric.RELATIVE_TOLERANCE for o in numbers.outputs)
+
+
+@pytest.mark.parametrize(
+    ("example", "name"),
+    [
+        # parallelize_module with Colwise/Rowwise/SequenceParallel/PrepareModuleInput, torchtitan style;
+        # parameter relations come from the DTensor placements
+        ("dtensor_llama", "dtensor-tp"),
+        ("dtensor_llama", "dtensor-sp"),
+        # transformers' built-in tp_plan on a tiny Llama, as from_pretrained(distributed_config=...) applies it
+        ("hf_llama", "hf-llama-tp"),
+        # Phi-3's packed gate_up_proj sharded part by part (packed_colwise: a strided DTensor placement)
+        ("hf_llama", "hf-phi3-packed"),
+    ],
+)
+def test_dtensor_plan_is_verified_against_the_plain_model(example: str, name: str, sandbox) -> None:
+    project = load_project(EXAMPLES / example)
+    check = project.check(name)
+    assert not check.same_code_reference
+    result = verify_check(check, project, [2, 4], sandbox)
+    assert result.error is None, result.error
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
+        r.summary for r in result.results
+    ]
+    for r in result.results:
+        numbers = compare_numerically(check, project, r.world_size)
+        assert not numbers.differs, numbers.to_dict()
+        assert numbers.outputs and all(o.max_rel <= numeric.RELATIVE_TOLERANCE for o in numbers.outputs)
+
+
+def test_a_plan_mistake_is_reported_at_its_plan_entry_with_the_module_call_related(variant_projects, sandbox) -> None:
+    root = variant_projects["dtensor-output-not-replicated"]
+    project = load_project(root)
+    result = verify_check(project.check("dtensor-tp"), project, [2], sandbox)
+    finding = result.results[0].discrepancies[0]
+    assert finding.primary is not None and finding.primary.file.endswith("parallel.py")
+    assert finding.primary.code.startswith('"output"'), finding.primary
+    runs = [s for s in finding.related if s.file.endswith("model.py")]
+    assert runs and runs[0].code == "return self.output(self.norm(h))" and "`output` runs here" in runs[0].note
+    assert "plan entry for `output`" in finding.suggestion
+
+
+def test_a_plan_entry_that_breaks_the_shapes_is_named_by_the_error(tmp_path: Path, sandbox) -> None:
+    # o_proj planned column-wise: the rank's local heads meet a weight sharded the other way, a
+    # shape error inside the module; the error points at the plan entry, not into transformers.
+    root = tmp_path / "hf"
+    shutil.copytree(EXAMPLES / "hf_llama", root, ignore=shutil.ignore_patterns("__pycache__"))
+    source = root / "hf_tp" / "model.py"
+    text = source.read_text()
+    entry = '"model.layers.*.self_attn.o_proj": "rowwise",'
+    assert text.count(entry) == 1
+    source.write_text(text.replace(entry, '"model.layers.*.self_attn.o_proj": "colwise",'))
+    line = next(i + 1 for i, text in enumerate(source.read_text().splitlines()) if "self_attn.o_proj" in text)
+    project = load_project(root)
+    (outcome,) = verify_check(project.check("hf-llama-tp").for_mode("quick"), project, [2], sandbox).results
+    assert outcome.verdict == "error", outcome.summary
+    assert outcome.error is not None
+    site = outcome.error["site"]
+    assert (Path(site["file"]), site["line"]) == (source, line), outcome.error
+    assert "raised inside `model.model.layers.0.self_attn.o_proj`" in outcome.error["message"]
+    assert "parallelizes with colwise" in outcome.error["message"]
 
 
 @pytest.fixture(scope="module")

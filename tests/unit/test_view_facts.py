@@ -4,28 +4,45 @@ from shardproof.localize.diagnose import blocked_tiling
 from shardproof.verify.encode import expand_facts, view_facts
 
 
+def relations(facts: list[str]) -> set[str]:
+    """The facts without the view's shape outside the related dims (their last word)."""
+    return {fact.rsplit(" ", 1)[0] + ")" for fact in facts}
+
+
 def test_split_heads() -> None:
     assert set(view_facts("$v", (2, 16, 192), (2, 16, 12, 16))) == {
-        "(vkeep $v -3 -4)",
-        "(vkeep $v -2 -3)",
-        "(vsplit $v -1 -2 16)",
+        '(vkeep $v -3 -4 "*,16,192->*,16,12,16")',
+        '(vkeep $v -2 -3 "2,*,192->2,*,12,16")',
+        '(vsplit $v -1 -2 16 "2,16,*->2,16,*,*")',
     }
 
 
 def test_merge_heads() -> None:
-    assert "(vmerge $v -2 -1 16)" in view_facts("$v", (2, 16, 8, 16), (2, 16, 128))
+    assert "(vmerge $v -2 -1 16)" in relations(view_facts("$v", (2, 16, 8, 16), (2, 16, 128)))
+
+
+def test_views_flattening_other_dims_differently_do_not_match() -> None:
+    # Both keep the last dim of a [2, 16, 8] value, but only a view with the same shape outside
+    # that dim may carry a selection over: [32, 8] and [2, 16, 1, 8] are not selections of each other.
+    flat = [f for f in view_facts("$v", (2, 16, 8), (32, 8)) if f.startswith("(vkeep $v -1 -1 ")]
+    heads = [f for f in view_facts("$v", (2, 16, 8), (2, 16, 1, 8)) if f.startswith("(vkeep $v -1 -1 ")]
+    assert flat and heads and flat[0].rsplit(" ", 1)[1] != heads[0].rsplit(" ", 1)[1]
 
 
 def test_one_local_head_reads_as_a_split_with_unit_outer_dim() -> None:
     # A rank with a single local head reshapes [.., 16] -> [.., 1, 16]; it must line up with the
     # reference's [.., 192] -> [.., 12, 16].
-    facts = set(view_facts("$v", (2, 16, 16), (2, 16, 1, 16)))
+    stated = view_facts("$v", (2, 16, 16), (2, 16, 1, 16))
+    facts = relations(stated)
     assert "(vsplit $v -1 -2 16)" in facts
+    rank_split = [f for f in stated if f.startswith("(vsplit $v -1 -2 16 ")]
+    reference_split = [f for f in view_facts("$v", (2, 16, 192), (2, 16, 12, 16)) if f.startswith("(vsplit")]
+    assert rank_split == reference_split  # the same shape outside the split dims: the rule applies
     assert "(vkeep $v -1 -1)" in facts
 
 
 def test_unit_dims_in_one_gap_may_keep_onto_each_other() -> None:
-    facts = set(view_facts("$v", (2, 16, 1, 16), (2, 16, 1, 1, 16)))
+    facts = relations(view_facts("$v", (2, 16, 1, 16), (2, 16, 1, 1, 16)))
     assert {"(vkeep $v -2 -3)", "(vkeep $v -2 -2)"} <= facts
 
 

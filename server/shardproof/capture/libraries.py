@@ -156,8 +156,31 @@ def _causal_mask_on(device: str):
     return get_default_causal_mask
 
 
+def _forget_dtensor_caches() -> None:
+    """DTensor caches sharding decisions by spec, and specs compare equal across ranks: a cached
+    output spec would carry the device mesh of the rank captured before (its coordinate, hence
+    its shard offsets)."""
+    sharding_prop = sys.modules.get("torch.distributed.tensor._sharding_prop")
+    if sharding_prop is None:
+        return
+    import torch
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    clear_native_cache = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native_cache is not None:  # the C++ dispatch fast path's cache (torch 2.13)
+        clear_native_cache()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    sharding_prop.ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    transform_infos = getattr(_redistribute, "_gen_transform_infos", None)
+    if hasattr(transform_infos, "cache_clear"):
+        transform_infos.cache_clear()
+
+
 def reset_libraries() -> None:
     """Forget model-parallel groups that libraries cache across process-group lifetimes."""
+    _forget_dtensor_caches()
     fairscale_init = sys.modules.get("fairscale.nn.model_parallel.initialize")
     if fairscale_init is not None and hasattr(fairscale_init, "destroy_model_parallel"):
         with contextlib.suppress(Exception):

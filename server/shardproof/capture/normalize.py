@@ -187,6 +187,9 @@ def _slice_bounds(size: int, start: int | None, end: int | None) -> tuple[int, i
     return start, max(start, min(size, end + size if end < 0 else end))
 
 
+_REAL_OF_COMPLEX = {"complex64": "float32", "complex128": "float64", "complex32": "float16"}
+
+
 def _scalar_literal(value: torch.fx.Node) -> Any:
     """The number of `x[mask] = 0.0` (traced as index_put of `scalar_tensor(0.0)`), else None."""
     if value.op == "call_function" and getattr(value.target, "__name__", "").startswith("scalar_tensor"):
@@ -228,6 +231,8 @@ class _Builder:
         self.multi: dict[str, list[str | None]] = {}  # multi-output node -> ids of its outputs
         self.view_nodes: dict[str, str] = {}  # id of a node made by view() -> its source
         self.nodes_by_id: dict[str, Node] = {}
+        # complex value id -> ids of its real and imaginary parts (complex arithmetic in real terms)
+        self.complex_parts: dict[str, tuple[str, str]] = {}
 
     # -- helpers ----------------------------------------------------------------------------------
     def value(self, arg: Any) -> str:
@@ -490,11 +495,64 @@ class _Builder:
         left_id, left_scalar = self.scalar_or_value(left)
         right_id, right_scalar = self.scalar_or_value(right)
         if left_id is not None and right_id is not None:
-            self.add(fx, "binary", [left_id, right_id], {"fn": fn}, meta)
+            node_id = self.add(fx, "binary", [left_id, right_id], {"fn": fn}, meta)
+            if fn == "mul" and meta.dtype.startswith("complex"):
+                self.complex_product(fx, node_id, left_id, right_id, meta)
         elif left_id is not None:
             self.add(fx, "scalar", [left_id], {"fn": fn, "value": right_scalar}, meta)
         elif right_id is not None:
             self.add(fx, "scalar", [right_id], {"fn": f"r{fn}", "value": left_scalar}, meta)
+
+    # -- complex numbers, in real terms ----------------------------------------------------------
+    # Meta's Llama code rotates queries and keys as complex numbers: view_as_complex, a complex
+    # product with the rotary table, view_as_real. Each complex value also gets its real and
+    # imaginary parts as real nodes, the product is written out (re = ar*br - ai*bi, im = ar*bi +
+    # ai*br) and view_as_real stacks the parts again, so the real rules follow a head shard through
+    # the rotation. The complex nodes stay in the graph for any other consumer.
+    def parts(self, fx: torch.fx.Node, value_id: str) -> tuple[str, str]:
+        if value_id not in self.complex_parts:
+            complex_meta = self.meta(value_id)
+            real_meta = TensorMeta(complex_meta.shape, _REAL_OF_COMPLEX.get(complex_meta.dtype, "float32"))
+            self.complex_parts[value_id] = (
+                self.add(fx, "unary", [value_id], {"fn": "real"}, real_meta, suffix=f".{value_id}.real"),
+                self.add(fx, "unary", [value_id], {"fn": "imag"}, real_meta, suffix=f".{value_id}.imag"),
+            )
+        return self.complex_parts[value_id]
+
+    def complex_product(self, fx: torch.fx.Node, node_id: str, left: str, right: str, meta: TensorMeta) -> None:
+        (ar, ai), (br, bi) = self.parts(fx, left), self.parts(fx, right)
+        real = TensorMeta(meta.shape, _REAL_OF_COMPLEX.get(meta.dtype, "float32"))
+
+        def step(fn: str, a: str, b: str, suffix: str) -> str:
+            return self.add(fx, "binary", [a, b], {"fn": fn}, real, suffix=suffix)
+
+        re = step("sub", step("mul", ar, br, ".rr"), step("mul", ai, bi, ".ii"), ".re")
+        im = step("add", step("mul", ar, bi, ".ri"), step("mul", ai, br, ".ir"), ".im")
+        self.complex_parts[node_id] = (re, im)
+
+    def op_view_as_complex(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        source = self.value(args[0])
+        src_meta = self.meta(source)
+        part_meta = TensorMeta(src_meta.shape[:-1], src_meta.dtype)
+        pieces = []
+        for index, name in ((0, "real"), (1, "imag")):
+            piece_meta = TensorMeta((*src_meta.shape[:-1], 1), src_meta.dtype)
+            bounds = {"dim": -1, "start": index, "end": index + 1}
+            piece = self.add(fx, "slice", [source], bounds, piece_meta, suffix=f".{name}.slice")
+            pieces.append(self.add(fx, "view", [piece], {"shape": list(part_meta.shape)}, part_meta, suffix=f".{name}"))
+        node_id = self.generic(fx, "view_as_complex", args, kwargs, meta)
+        self.complex_parts[node_id] = (pieces[0], pieces[1])
+        return True
+
+    def op_view_as_real(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        re, im = self.parts(fx, self.value(args[0]))
+        piece_meta = TensorMeta((*meta.shape[:-1], 1), meta.dtype)
+        stacked = [
+            self.add(fx, "view", [part], {"shape": list(piece_meta.shape)}, piece_meta, suffix=f".{name}")
+            for part, name in ((re, "real"), (im, "imag"))
+        ]
+        self.add(fx, "cat", stacked, {"dim": -1}, meta)
+        return True
 
     def reduction(self, fx: torch.fx.Node, fn: str, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> None:
         source = self.value(args[0])
@@ -709,6 +767,20 @@ class _Builder:
             self.add(fx, "cat", parts, {"dim": dim}, meta)
         return True
 
+    def op_repeat(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """`x.repeat(..)` tiling one dim r times: the concatenation of r copies along it."""
+        source = self.value(args[0])
+        src_meta = self.meta(source)
+        repeats = [int(r) for r in args[1]]
+        if len(repeats) != src_meta.ndim:
+            return False
+        tiled = [d for d, r in enumerate(repeats) if r != 1]
+        if len(tiled) != 1:
+            return False
+        dim = tiled[0] - src_meta.ndim
+        self.add(fx, "cat", [source] * repeats[tiled[0]], {"dim": dim}, meta)
+        return True
+
     def op_stack(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         dim = norm_dim(args[1] if len(args) > 1 else kwargs.get("dim", 0), meta.ndim)
         parts = []
@@ -769,10 +841,52 @@ class _Builder:
         return True
 
     def op_mm(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        if fx.target is not torch.ops.aten.matmul.default and self.decomposed_linear(fx, args, None, meta):
+            return True
         self.add(fx, "matmul", [self.value(args[0]), self.value(args[1])], {}, meta)
         return True
 
     op_matmul = op_mm
+
+    def decomposed_linear(self, fx: torch.fx.Node, args: list[Any], bias: Any, meta: TensorMeta) -> bool:
+        """`linear` as core aten writes it: `mm(view(x, [-1, k]), permute(w, [1, 0]))` (and `addmm`
+        with the bias), viewed back to x's leading dims afterwards. Written as the linear it is,
+        so a parallel program decomposed to core aten (DTensor) meets a reference that calls
+        `nn.Linear`; the flattening view stays, and the view back collapses onto the linear."""
+        flat, transposed = args[0], args[1]
+        if not (isinstance(flat, torch.fx.Node) and isinstance(transposed, torch.fx.Node)):
+            return False
+        if getattr(transposed.target, "__name__", "") not in ("permute.default", "t.default"):
+            return False
+        if transposed.target is torch.ops.aten.permute.default and list(transposed.args[1]) not in ([1, 0], [-1, -2]):
+            return False
+        weight = transposed.args[0]
+        flat_meta = self.meta(self.value(flat))
+        source = flat
+        if getattr(flat.target, "__name__", "") in ("view.default", "_unsafe_view.default", "reshape.default"):
+            candidate = flat.args[0]
+            candidate_meta = self.meta(self.value(candidate)) if isinstance(candidate, torch.fx.Node) else None
+            if (
+                candidate_meta is not None
+                and candidate_meta.ndim > 2
+                and candidate_meta.shape[-1] == flat_meta.shape[-1]
+                and math.prod(candidate_meta.shape[:-1]) == flat_meta.shape[0]
+            ):
+                source = candidate
+        source_meta = self.meta(self.value(source))
+        full = TensorMeta((*source_meta.shape[:-1], meta.shape[-1]), meta.dtype)
+        unflattened = source is not flat
+        product = self.add(fx, "linear", [self.value(source), self.value(weight)], {}, full, suffix=".linear")
+        if bias is not None:
+            product = self.add(
+                fx, "binary", [product, self.value(bias)], {"fn": "add"}, full, suffix=".bias" if unflattened else ""
+            )
+        if unflattened:
+            node_id = self.add(fx, "view", [product], {"shape": list(meta.shape)}, meta)
+            self.view_nodes[node_id] = product
+        elif bias is None:
+            self.alias[fx.name] = product
+        return True
 
     def op_bmm(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         if not self.unmerged_bmm(fx, self.value(args[0]), self.value(args[1]), 1, meta):
@@ -860,8 +974,44 @@ class _Builder:
     def op_addmm(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
             return False
+        if self.decomposed_linear(fx, args[1:], args[0], meta):
+            return True
         product = self.add(fx, "matmul", [self.value(args[1]), self.value(args[2])], {}, meta, suffix=".mm")
         self.add(fx, "binary", [product, self.value(args[0])], {"fn": "add"}, meta)
+        return True
+
+    def op_rms_norm(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """`rms_norm` written out as torch's own decomposition does (pow, mean, add eps, rsqrt,
+        mul, mul weight, in float32 for half inputs), so a reference calling `nn.RMSNorm` and a
+        parallel program decomposed to core aten (DTensor) meet in the same operations."""
+        normalized_shape = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
+        weight = args[2] if len(args) > 2 else kwargs.get("weight")
+        eps = args[3] if len(args) > 3 else kwargs.get("eps")
+        if not isinstance(normalized_shape, list | tuple) or len(normalized_shape) != 1:
+            return False
+        source = self.value(args[0])
+        src_meta = self.meta(source)
+        upcast = "float32" if src_meta.dtype in ("float16", "bfloat16") else src_meta.dtype
+        if eps is None:
+            eps = torch.finfo(torch.float32 if upcast == "float32" else torch.float64).eps
+        wide = TensorMeta(src_meta.shape, upcast)
+        kept = TensorMeta((*src_meta.shape[:-1], 1), upcast)
+        if upcast != src_meta.dtype:
+            source = self.add(fx, "unary", [source], {"fn": f"cast_{upcast}"}, wide, suffix=".upcast")
+        squared = self.add(fx, "scalar", [source], {"fn": "pow", "value": 2}, wide, suffix=".square")
+        mean = self.add(fx, "reduce", [squared], {"fn": "mean", "dim": -1, "keepdim": True}, kept, suffix=".mean")
+        shifted = self.add(fx, "scalar", [mean], {"fn": "add", "value": _literal(eps)}, kept, suffix=".eps")
+        inverse = self.add(fx, "unary", [shifted], {"fn": "rsqrt"}, kept, suffix=".rsqrt")
+        steps: list[tuple[str, list[str], dict[str, Any]]] = [("binary", [source, inverse], {"fn": "mul"})]
+        if isinstance(weight, torch.fx.Node):
+            steps.append(("binary", ["<previous>", self.value(weight)], {"fn": "mul"}))
+        if upcast != meta.dtype:
+            steps.append(("unary", ["<previous>"], {"fn": f"cast_{meta.dtype}"}))
+        previous = ""
+        for i, (op, inputs, attrs) in enumerate(steps):
+            last = i == len(steps) - 1
+            inputs = [previous if value == "<previous>" else value for value in inputs]
+            previous = self.add(fx, op, inputs, attrs, meta if last else wide, suffix="" if last else f".step{i}")
         return True
 
     def op_embedding(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
@@ -898,7 +1048,11 @@ class _Builder:
         if len(args) < 3:
             return False
         cond, a, b = args[0], args[1], args[2]
-        if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
+        # masked_fill decomposed to core aten: where(mask, scalar_tensor(value), x)
+        literal = _scalar_literal(a) if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) else None
+        if literal is not None:
+            self.add(fx, "fill", [self.value(b), self.value(cond)], {"value": literal}, meta)
+        elif isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
             self.add(fx, "where", [self.value(cond), self.value(a), self.value(b)], {}, meta)
         elif isinstance(b, torch.fx.Node):
             self.add(fx, "fill", [self.value(b), self.value(cond)], {"value": _literal(a)}, meta)

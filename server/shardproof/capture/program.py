@@ -27,8 +27,10 @@ from torch import nn
 
 from ..config import Check, Project, declared_blocks, declared_dim, declared_shard, same_code_sharded_dim
 from ..errors import ConfigError, UserCodeError, user_code_error
-from ..graph.model import Graph
+from ..graph.model import Frame, Graph
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
+from . import dtensor
+from .blocks import tensor_attributes
 from .fake_pg import fake_rank, group_ranks
 from .frames import exact_stack_traces
 from .normalize import dtype_name, to_graph
@@ -51,6 +53,8 @@ class ReferenceCapture:
     values: dict[str, Expr]  # placeholder target -> ParamRef, or a Constant for recomputable buffers
     inputs: tuple[Any, ...]  # the real example inputs (for numeric checks)
     seconds: float
+    program: torch.export.ExportedProgram | None = None  # kept to decompose it like DTensor ranks
+    decomposed_like_dtensor: bool = False
 
 
 @dataclass
@@ -216,17 +220,6 @@ def _move_to_meta(module: nn.Module, tracker: ProvenanceTracker) -> None:
                 setattr(submodule, name, meta_of(value))  # type: ignore[arg-type]
 
 
-def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Tensors kept as plain attributes (neither parameter nor buffer), by qualified name: export
-    lifts them as constants under that name (Megatron's rotary `inv_freq`)."""
-    found = []
-    for prefix, submodule in module.named_modules(remove_duplicate=False):
-        for name, value in vars(submodule).items():
-            if not name.startswith("_") and isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                found.append((f"{prefix}.{name}" if prefix else name, value))
-    return found
-
-
 def _build_reference(build: Callable[[], Any], tracker: ProvenanceTracker) -> tuple[nn.Module, dict[str, Expr]]:
     module = _build_module(build, "building the reference", tracker)
     if not isinstance(module, nn.Module):
@@ -249,7 +242,24 @@ def _build_reference(build: Callable[[], Any], tracker: ProvenanceTracker) -> tu
     return module, values
 
 
-def _export(module: nn.Module, inputs: tuple[Any, ...], stage: str) -> torch.export.ExportedProgram:
+def attributes_as_buffers(module: nn.Module) -> None:
+    """Register every tensor kept as a plain attribute as a non-persistent buffer, under the same
+    name. Export lifts such tensors as constants and refuses a forward that writes them (the KV
+    cache of Meta's Llama code: `self.cache_k[:bsz, pos : pos + n] = xk`); as buffers their
+    writes are functionalised like any other. Values and names are unchanged."""
+    for submodule in module.modules():
+        for name, value in list(vars(submodule).items()):
+            if not name.startswith("_") and isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                delattr(submodule, name)
+                submodule.register_buffer(name, value, persistent=False)
+
+
+def _export(
+    module: nn.Module, inputs: tuple[Any, ...], stage: str, plan: dict[str, Frame] | None = None
+) -> torch.export.ExportedProgram:
+    """Trace a module. `plan`: its plan entries (module path -> entry), so that an error raised
+    inside a module a plan parallelized is reported at the plan entry."""
+    attributes_as_buffers(module)
     try:
         with (
             torch.no_grad(),
@@ -260,13 +270,32 @@ def _export(module: nn.Module, inputs: tuple[Any, ...], stage: str) -> torch.exp
         ):
             # torch warns about deprecated collectives and pytree internals while tracing user code
             warnings.simplefilter("ignore")
+            with_dtensors = dtensor.uses_dtensor(module)
+            if with_dtensors:
+                dtensor.prepare_export()
+            if with_dtensors:
+                # DTensor's sharding propagation needs composite ops decomposed (see dtensor.py)
+                with dtensor.traceable_embeddings(), dtensor.attention_by_heads():
+                    program = torch.export.export(module, inputs, strict=False)
+                    inline_grad_mode_regions(program.graph_module)
+                    return program.run_decompositions(dtensor.decomposition_table())
             program = torch.export.export(module, inputs, strict=False)
             inline_grad_mode_regions(program.graph_module)
             if mutation_free(program):
                 return program
             return program.run_decompositions(decomp_table={})
     except Exception as exc:  # noqa: BLE001 - a tracing failure is reported at the user line
-        raise user_code_error(exc, stage) from None
+        error = user_code_error(exc, stage)
+        in_plan = dtensor.plan_entry_of_failure(exc, module, plan or {})
+        if in_plan is not None:
+            path, entry = in_plan
+            ran = f" (run at {Path(error.site.file).name}:{error.site.line})" if error.site is not None else ""
+            error.message = (
+                f"{error.message.rstrip('.')}; raised inside `{path}`{ran}, which this plan entry parallelizes "
+                f"with {entry.function}"
+            )
+            error.site = entry
+        raise error from None
 
 
 def inline_grad_mode_regions(graph_module: torch.fx.GraphModule) -> None:
@@ -456,8 +485,21 @@ class CheckCapture:
                     module, values = _build_reference(self.build_reference, tracker)
                     program = _export(module, _to_meta(inputs), "tracing the reference")
                     graph = to_graph(program, "reference", None, 1)
-            self._reference = ReferenceCapture(graph, values, inputs, time.perf_counter() - start)
+            self._reference = ReferenceCapture(graph, values, inputs, time.perf_counter() - start, program)
         return self._reference
+
+    def _decompose_reference_like_dtensor(self, reference: ReferenceCapture) -> None:
+        """DTensor ranks are decomposed further than the reference (see dtensor.py); the reference
+        gets the same decompositions once, so both sides build their masks and norms from the
+        same operations (an attention mask made with `diff` on one side, slices on the other,
+        would not be recognisably the same value)."""
+        if reference.decomposed_like_dtensor or reference.program is None or self.check.same_code_reference:
+            return  # (a same-code reference has the DTensors itself)
+        with warnings.catch_warnings(), _quiet_torch_logs():
+            warnings.simplefilter("ignore")
+            program = reference.program.run_decompositions(dtensor.decomposition_table())
+        reference.graph = to_graph(program, "reference", None, 1)
+        reference.decomposed_like_dtensor = True
 
     def capture(self, world_size: int) -> CaptureResult:
         reference = self.reference()
@@ -470,20 +512,28 @@ class CheckCapture:
                 with fake_rank(rank, world_size):
                     tracker = ProvenanceTracker()
                     stage = f"building rank {rank} of {world_size}"
+                    applied_styles = []
                     if self.check.same_code_reference:
                         reference_values = reference.values
                         module = _build_module(self.build_parallel, stage, tracker)
                     else:
                         reference_module, reference_values = _build_reference(self.build_reference, tracker)
-                        module = _build_module(self.build_parallel, stage, tracker, reference_module, rank, world_size)
+                        with dtensor.recording_plan_entries() as applied_styles:
+                            module = _build_module(
+                                self.build_parallel, stage, tracker, reference_module, rank, world_size
+                            )
                     if not isinstance(module, nn.Module):
                         raise UserCodeError(
                             f"the parallel builder returned {type(module).__name__} for rank {rank}, not an nn.Module"
                         )
                     module.eval()
+                    if dtensor.uses_dtensor(module):
+                        self._decompose_reference_like_dtensor(reference)
                     values = self._rank_values(module, tracker, reference_values, rank, world_size)
-                    program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}")
+                    plan = dtensor.plan_entries(module, applied_styles)
+                    program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
                     graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
+                    graph.plan_entries = plan
                 ranks.append(RankCapture(rank, graph, values))
         elapsed = time.perf_counter() - start
         return CaptureResult(reference, ranks, world_size, {"reference": reference.seconds, "ranks": elapsed})
@@ -501,6 +551,11 @@ class CheckCapture:
         buffer_names = {name for name, _ in buffers}
         for name, tensor in list(module.named_parameters(remove_duplicate=False)) + buffers:
             expr = tracker.expr_of(tensor)
+            exported_name = name
+            if dtensor.is_dtensor(tensor) and name in reference_values:
+                # Placements say what the local tensor is; export names it apart.
+                expr = dtensor.local_relation(tensor, reference_values[name]) or expr
+                exported_name = dtensor.exported_name(name)
             if self.check.same_code_reference and not (name in buffer_names and is_deterministic(expr)):
                 # Parameters (and loaded buffers) of the same code at world size 1, by name and shape.
                 expr = same_code_relation(expr, tuple(tensor.shape), reference_values.get(name), rank, world_size)
@@ -515,5 +570,5 @@ class CheckCapture:
                         self.project.site(line),
                     )
                 expr = _override(expr, relation, reference, rank, world_size)
-            values[name] = expr
+            values[exported_name] = expr
         return values

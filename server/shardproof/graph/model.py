@@ -121,6 +121,8 @@ class Graph:
     nodes: list[Node]
     outputs: list[str]
     source_files: set[str] = field(default_factory=set)
+    # module path -> the plan entry that parallelized it (DTensor plans), `function` = the style
+    plan_entries: dict[str, Frame] = field(default_factory=dict)
 
     def node_map(self) -> dict[str, Node]:
         return {n.id: n for n in self.nodes}

@@ -22,7 +22,7 @@ Unknown ops on sharded inputs make the result inconclusive instead of a discrepa
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..graph.model import Frame, Graph, Node, Placeholder, SourceSite
@@ -340,6 +340,29 @@ class Localizer:
             inside = self.library_calls.get((found.primary.file, found.primary.line))
             if inside is not None and all((s.file, s.line) != (inside.file, inside.line) for s in found.related):
                 found.related.append(inside)
+        return found
+
+    def with_plan_context(self, found: Discrepancy | Unsupported) -> Discrepancy | Unsupported:
+        """A discrepancy in the output of a torch module that a DTensor plan parallelized (an
+        `nn.Linear`, `nn.Embedding`, `nn.RMSNorm`) is made in the plan: its entry becomes where
+        the fix belongs, and the line that runs the module stays as related information."""
+        if not isinstance(found, Discrepancy) or found.primary is None:
+            return found
+        graphs = {graph.name: graph for graph in self.ev.ranks}
+        for reference in found.parallel_nodes:
+            graph_name, _, node_id = reference.partition("/")
+            graph = graphs.get(graph_name)
+            node = self.rank_node(graph.rank, node_id) if graph is not None and graph.rank is not None else None
+            if node is None or not node.module_type.startswith("torch."):
+                continue
+            entry = graph.plan_entries.get(node.module_path) if graph is not None else None
+            if entry is None:
+                continue
+            runs_here = replace(found.primary, note=found.primary.note or f"`{node.module_path}` runs here")
+            found.primary = to_site(entry, f"the plan parallelizes `{node.module_path}` with {entry.function}")
+            found.related.insert(0, runs_here)
+            found.suggestion = f"{found.suggestion} (in the plan entry for `{node.module_path}`: its layouts)".lstrip()
+            return found
         return found
 
     def relations_between(self, ref_value: str, rank: int, value: str) -> list[Relation]:
@@ -745,7 +768,8 @@ class Localizer:
         total = next(iter(ranges.values()))[0].total if ranges else 0
         duplicated = [r for r in held for q in held if q < r and held[q] == held[r]]
         offender = (missing or duplicated or [rank])[0]
-        origin = self.trace_origin(offender, self._partial_input(offender, reduction) or ref_value)
+        partial = self._partial_input(offender, reduction)
+        origin = self._partial_site(offender, partial) if partial is not None else None
         description = ", ".join(f"rank {r}: [{s}:{e}]" for r, (s, e) in sorted(held.items()))
         if missing:
             found = f"ranks {missing} hold no partial sum of it; {description}"
@@ -765,6 +789,12 @@ class Localizer:
             found=found,
             suggestion="give every rank its own shard (rank r of n holds block r)",
         )
+
+    def _partial_site(self, rank: int, value: str) -> Site | None:
+        node = self.rank_node(rank, value)
+        if node is not None:
+            return self.rank_site(node, "this rank's partial sum is computed here")
+        return self.provenance_site(rank, value)
 
     def _partial_input(self, rank: int, reduction: Node) -> str | None:
         graph = self.ev.ranks[rank]
@@ -901,7 +931,7 @@ class Localizer:
             kind = "shard-order"
         if how == "unrelated-parameter":
             kind = "unrelated-parameter"
-        if how == "handover":
+        if how in ("handover", "layout"):
             kind = "wrong-layout"
         where = self.rank_site(aligned).short() if aligned.site else "?"
         message = (
@@ -938,6 +968,9 @@ class Localizer:
                 if how == "handover"
                 else "scatter the value before this gather (each rank keeps its slice), or drop the gather"
                 if how == "gather-of-whole"
+                else "join the pieces in the order the reference's layout has (each copy next to its source, "
+                "as repeat_interleave does, rather than tiled copies)"
+                if how == "layout"
                 else "make this rank hold the slice its partners expect (see the first location)"
             ),
             details={"blame": how, "wrong_inputs": [w[0] for w in wrong]},
@@ -1065,10 +1098,25 @@ class Localizer:
                 # reference has; what this op makes of it is where a wrong regrouping happens.
                 return self.rank_site(node), "after-gather"
             return self.blame(rank, unrelated_inputs[0], depth + 1)
+        if self._scatters_selection(rank, node):
+            # Contiguous pieces joined into a scattered selection (tiled instead of interleaved
+            # heads): related, but in a layout the reference never has. Formed here.
+            return self.rank_site(node, "the pieces are joined in this order here"), "layout"
         sharded = [v for v in node.inputs if not self._is_replicated(rank, v)]
         if sharded:
             return self.blame(rank, sharded[-1], depth + 1)
         return self.rank_site(node), "node"
+
+    def _scatters_selection(self, rank: int, node: Node) -> bool:
+        """The node holds a selection of several ranges although each input is one range."""
+
+        def widest(value: str) -> int:
+            rels = [rel for rel, _ in self.index.relations_of_rank_value(rank, value) if rel.kind == "sel"]
+            return min((len(rel.ranges) for rel in rels), default=0)
+
+        if node.op != "cat" or widest(node.id) < 2:
+            return False
+        return all(widest(v) == 1 for v in node.inputs)
 
     def _is_replicated(self, rank: int, value: str) -> bool:
         c = self.index.class_of(f"rank{rank}", value)
@@ -1303,7 +1351,7 @@ def _walk(expr: px.Expr) -> list[px.Expr]:
 
 def explain(evidence: Evidence, failing_outputs: list[int]) -> Discrepancy | Unsupported:
     localizer = Localizer(evidence)
-    return localizer.with_library_context(localizer.explain(failing_outputs))
+    return localizer.with_plan_context(localizer.with_library_context(localizer.explain(failing_outputs)))
 
 
 __all__ = ["Evidence", "Placeholder", "blocked_tiling", "explain"]

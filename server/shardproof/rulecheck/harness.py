@@ -300,7 +300,7 @@ class Instance:
         if name in CLASS_RELATIONS:
             return (name, self.evaluate(form[1])) in self.facts
         if name in FRONT_END_RELATIONS:
-            return self._front_end(name, [self.evaluate(a) for a in form[1:]])
+            return self._front_end(name, form[1:])
         if name == "arin":  # the value feeds an all-reduce: a fact about the graph, not about values
             self.evaluate(form[1])
             return True
@@ -312,8 +312,10 @@ class Instance:
                 self.env[target.name] = _DEFINE[name](self.gen, *args)
         return self._holds(name, [self.evaluate(a) for a in form[1:]], premise=True)
 
-    def _front_end(self, name: str, args: list[Any]) -> bool:
-        made = self.evaluate.made.get(id(args[0]))
+    def _front_end(self, name: str, forms: list[Any]) -> bool:
+        """A fact the front end states about a view, permute or expand of the instance. An
+        unbound argument (the view's shape outside the related dims) takes the stated value."""
+        made = self.evaluate.made.get(id(self.evaluate(forms[0])))
         if made is None:
             return False
         if made.kind == "View":
@@ -322,7 +324,18 @@ class Instance:
             stated = encode.permute_facts("t", [int(p) for p in made.text.split(",")])
         else:
             stated = encode.expand_facts("t", made.in_shape, made.out_shape)
-        return f"({name} t {' '.join(str(a) for a in args[1:])})" in stated
+        unbound = [i for i, f in enumerate(forms[1:]) if isinstance(f, Sym) and f.name not in self.env]
+        known = {i: str(self.evaluate(f)) for i, f in enumerate(forms[1:]) if i not in unbound}
+        for fact in stated:
+            if not fact.startswith(f"({name} t "):
+                continue
+            words = fact[len(f"({name} t ") : -1].split(" ")
+            if len(words) != len(forms) - 1 or any(words[i].strip('"') != text for i, text in known.items()):
+                continue
+            for i in unbound:
+                self.env[forms[1 + i].name] = words[i].strip('"')
+            return True
+        return False
 
     def _holds(self, name: str, args: list[Any], premise: bool) -> bool:
         if name in ("sel", "selp"):

@@ -903,6 +903,26 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"R": g.selection(bindings["Q"].shape[-2], most=1), "at": _ATTRS % "false"}
 
 
+def _masked_attention(g: Gen, d: int, broadcast_everywhere: bool = False) -> dict[str, Any]:
+    bindings = _attention(g, d)
+    batch, _, seq, _ = bindings["Q"].shape
+    mask_shape = (1, 1, 1, 1) if broadcast_everywhere else g.pick(((seq, seq), (1, 1, seq, seq), (batch, 1, seq, seq)))
+    additive = g.tensor(*mask_shape)  # an additive float mask (a bias on the scores)
+    return bindings | {"M": additive, "at": _ATTRS % "false"}
+
+
+@instance("masked-attention-heads")
+def _(g: Gen) -> dict[str, Any]:
+    return _masked_attention(g, g.pick((-3, -4)))
+
+
+@near_miss("masked-attention-heads")
+def _(g: Gen) -> dict[str, Any]:
+    # a selection of the sequence (under a mask that fits any length): each query then sees fewer keys
+    bindings = _masked_attention(g, -2, broadcast_everywhere=True)
+    return bindings | {"R": g.selection(bindings["Q"].shape[-2], most=1)}
+
+
 def _grouped_attention(g: Gen, window: str, off_by_one: bool) -> dict[str, Any]:
     """Query heads [s, e) on a rank, served by a window of one KV head repeated m times (GQA)."""
     kv_heads, m = g.int(2, 3), g.int(2, 4)

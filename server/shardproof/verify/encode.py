@@ -174,7 +174,12 @@ class Encoder:
 
     # -- graphs ---------------------------------------------------------------------------------------
     def add_placeholders(self, graph: Graph, values: dict[str, px.Expr]) -> None:
+        # A placeholder nothing reads adds terms and no fact (the parameters of blocks that a
+        # skeleton calls opaquely: thousands at 126 layers).
+        used = {value for node in graph.nodes for value in node.inputs} | set(graph.outputs)
         for p in graph.placeholders:
+            if p.id not in used:
+                continue
             if p.kind == "input":
                 name = self._name("input", p.target)
                 if ("inputs", p.target) not in self.term_of:
@@ -467,6 +472,12 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
     the same gap, and a unit dim next to a kept dim may be read as the outer part of a split
     (or merge) of it. That makes [16] -> [1, 16] on a rank line up with [192] -> [12, 16] on the
     reference.
+
+    Every fact ends with the view's shape outside the dims it relates (those written `*`): the
+    movement rules carry a selection from one pair of views to another only when these agree,
+    because a selection says the two values agree in every other dim. Two views of one value
+    that keep its last dim but flatten the rest differently ([2, 16, 8] to [32, 8] and to
+    [2, 16, 1, 8]) are not selections of each other.
     """
     ni, no = len(in_shape), len(out_shape)
     in_real = [d for d in range(ni) if in_shape[d] != 1]
@@ -494,16 +505,21 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
         o += 1
     facts: list[str] = []
 
-    def fact(kind: str, *values: int) -> None:
-        facts.append(f"({kind} {name} {' '.join(str(v) for v in values)})")
+    def outside(shape: tuple[int, ...], first: int, last: int) -> str:
+        return ",".join("*" if first <= d <= last else str(size) for d, size in enumerate(shape))
+
+    def fact(kind: str, inputs: tuple[int, int], outputs: tuple[int, int], *values: int) -> None:
+        rest = f"{outside(in_shape, *inputs)}->{outside(out_shape, *outputs)}"
+        facts.append(f'({kind} {name} {" ".join(str(v) for v in values)} "{rest}")')
 
     for gi, go in groups:
+        span = (gi[0], gi[-1]), (go[0], go[-1])
         if len(gi) == 1 and len(go) == 1:
-            fact("vkeep", gi[0] - ni, go[0] - no)
+            fact("vkeep", *span, gi[0] - ni, go[0] - no)
         elif len(gi) == 1:
-            fact("vsplit", gi[0] - ni, go[0] - no, math.prod(out_shape[go[0] + 1 : go[-1] + 1]))
+            fact("vsplit", *span, gi[0] - ni, go[0] - no, math.prod(out_shape[go[0] + 1 : go[-1] + 1]))
         elif len(go) == 1:
-            fact("vmerge", gi[0] - ni, go[0] - no, math.prod(in_shape[gi[0] + 1 : gi[-1] + 1]))
+            fact("vmerge", *span, gi[0] - ni, go[0] - no, math.prod(in_shape[gi[0] + 1 : gi[-1] + 1]))
     in_edges = [-1] + [gi[-1] for gi, _ in groups] + [ni]
     out_edges = [-1] + [go[-1] for _, go in groups] + [no]
     for k in range(len(groups) + 1):
@@ -513,13 +529,17 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
         ]
         for iu in in_units:
             for ou in out_units:
-                fact("vkeep", iu - ni, ou - no)
+                fact("vkeep", (iu, iu), (ou, ou), iu - ni, ou - no)
         if k < len(groups) and len(groups[k][0]) == 1 and len(groups[k][1]) == 1:
             (i_dim,), (o_dim,) = groups[k]
             for ou in out_units:
-                fact("vsplit", i_dim - ni, ou - no, math.prod(out_shape[ou + 1 : o_dim + 1]))
+                fact(
+                    "vsplit", (i_dim, i_dim), (ou, o_dim), i_dim - ni, ou - no, math.prod(out_shape[ou + 1 : o_dim + 1])
+                )
             for iu in in_units:
-                fact("vmerge", iu - ni, o_dim - no, math.prod(in_shape[iu + 1 : i_dim + 1]))
+                fact(
+                    "vmerge", (iu, i_dim), (o_dim, o_dim), iu - ni, o_dim - no, math.prod(in_shape[iu + 1 : i_dim + 1])
+                )
     return facts
 
 

@@ -87,9 +87,9 @@ DECLARATIONS = r"""
 (relation localids (T T i64 i64))
 (relation embpart (T T T i64 i64))
 
-(relation vkeep (T i64 i64))
-(relation vsplit (T i64 i64 i64))
-(relation vmerge (T i64 i64 i64))
+(relation vkeep (T i64 i64 String))
+(relation vsplit (T i64 i64 i64 String))
+(relation vmerge (T i64 i64 i64 String))
 (relation pmap (T i64 i64))
 (relation emap (T i64))
 

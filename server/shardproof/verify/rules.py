@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "4"
+RULE_LIBRARY_VERSION = "5"
 
 
 @dataclass(frozen=True)
@@ -288,20 +288,20 @@ _rule(
     "view-keep",
     "layout",
     "a view that keeps a dim keeps its selection",
-    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vkeep Y di do) (vkeep y di do)) ((sel Y y do R)))",
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vkeep Y di do k) (vkeep y di do k)) ((sel Y y do R)))",
 )
 _rule(
     "view-split",
     "layout",
     "splitting a dim (heads x head_dim): selections aligned to the inner size",
-    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vsplit Y di do h) (vsplit y di do h)) "
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vsplit Y di do h k) (vsplit y di do h k)) "
     "((selp Y y do (RDiv R h))))",
 )
 _rule(
     "view-merge",
     "layout",
     "merging an outer dim into the next: selections scale by the inner size",
-    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vmerge Y di do h) (vmerge y di do h)) "
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vmerge Y di do h k) (vmerge y di do h k)) "
     "((selp Y y do (RMul R h))))",
 )
 _rule(
@@ -524,6 +524,14 @@ _rule(
     "attention is independent per head and per batch row",
     "(rule ((= Z (Sdpa Q K V at)) (= z (Sdpa q k v at)) (sel Q q d R) (sel K k d R) (sel V v d R) (< d -2)) "
     "((sel Z z d R)))",
+)
+_rule(
+    "masked-attention-heads",
+    "attention",
+    "attention with one additive mask shared by every head (and batch row) is independent per head: the "
+    "mask broadcasts over the selected dim, as the rank's output keeps the query's size there",
+    "(rule ((= Z (SdpaMask Q K V M at)) (= z (SdpaMask q k v M at)) (sel Q q d R) (sel K k d R) (sel V v d R) "
+    "(< d -2) (= n (sz q d)) (= n (sz z d))) ((sel Z z d R)))",
 )
 _rule(
     "attention-key-window",

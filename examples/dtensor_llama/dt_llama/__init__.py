@@ -1,0 +1,1 @@
+"""A torchtitan-style Llama parallelized with DTensor's `parallelize_module`."""

@@ -1,0 +1,268 @@
+"""Repeated blocks: trace one instance of each distinct block, prove the others identical to it.
+
+A decoder repeats one block (a `TransformerBlock` in an `nn.ModuleList`) dozens of times, and
+tracing every instance with `torch.export` is what makes capture grow with the number of layers.
+Instead, for the reference and for every rank:
+
+1. the model runs once eagerly on meta tensors (milliseconds per layer) while a dispatch mode
+   records, for every block instance, the operations it runs: the op, its non-tensor arguments,
+   and where each tensor argument comes from (a block input, one of the block's own parameters
+   or buffers by its name inside the block, or an earlier result of the block). Equal records
+   mean the same computation on the instance's own inputs and parameters; the first instance of
+   each record is the block's *template*;
+2. the model is exported with every block call replaced by one opaque operation
+   (`shardproof::block`, named by template and instance) whose output shapes come from the
+   eager run: the *skeleton*, small whatever the depth;
+3. each template is exported on its own, with the inputs it received.
+
+A block whose record uses a tensor that is neither its input nor its own (a module attribute
+of another module, a global) is not memoized: its result could depend on something the record
+does not show. So is a block with forward hooks of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_MIN_REPEATS = 2
+
+
+@dataclass
+class BlockInstance:
+    path: str  # "layers.3"
+    module: nn.Module
+    digest: str = ""
+    template: str = ""  # path of the instance whose graph stands for this one
+    memoizable: bool = True
+    args: tuple[Any, ...] = ()  # what the instance received (meta tensors), for exporting a template
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    outputs: list[tuple[tuple[int, ...], torch.dtype]] = field(default_factory=list)
+    output_spec: pytree.TreeSpec | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.template}|{self.path}"
+
+
+def repeated_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, module) of the children of every ModuleList / ModuleDict / Sequential with at least
+    two children of one class (the layers of a decoder), outermost lists first."""
+    found: list[tuple[str, nn.Module]] = []
+    taken: set[str] = set()
+    for path, container in module.named_modules():
+        if not isinstance(container, nn.ModuleList | nn.ModuleDict | nn.Sequential):
+            continue
+        if any(path == t or path.startswith(t + ".") for t in taken):
+            continue
+        children = list(container.named_children())
+        by_class: dict[type, int] = {}
+        for _, child in children:
+            by_class[type(child)] = by_class.get(type(child), 0) + 1
+        repeated = [(name, child) for name, child in children if by_class[type(child)] >= _MIN_REPEATS]
+        if repeated:
+            taken.add(path)
+            found.extend((f"{path}.{name}" if path else name, child) for name, child in repeated)
+    return found
+
+
+class _Recorder(TorchDispatchMode):
+    """Records the operations of the innermost block being run (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[dict[str, Any]] = []
+
+    def open(self, instance: BlockInstance, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        names: dict[int, str] = {}
+        keep: list[torch.Tensor] = []
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        for position, value in enumerate(flat):
+            if isinstance(value, torch.Tensor):
+                names.setdefault(id(value), f"in{position}")
+                keep.append(value)
+        for name, tensor in list(instance.module.named_parameters()) + list(instance.module.named_buffers()):
+            names.setdefault(id(tensor), f"own:{name}")
+            keep.append(tensor)
+        for name, value in tensor_attributes(instance.module):
+            names.setdefault(id(value), f"own:{name}")
+            keep.append(value)
+        literal = [_literal(v) if not isinstance(v, torch.Tensor) else _tensor_type(v) for v in flat]
+        self.frames.append(
+            {"instance": instance, "names": names, "keep": keep, "lines": [repr((str(spec), literal))], "count": 0}
+        )
+
+    def close(self, output: Any) -> None:
+        frame = self.frames.pop()
+        instance: BlockInstance = frame["instance"]
+        flat, spec = pytree.tree_flatten(output)
+        results = [frame["names"].get(id(v), "?") for v in flat if isinstance(v, torch.Tensor)]
+        frame["lines"].append(f"out {results}")
+        instance.digest = hashlib.sha256("\n".join(frame["lines"]).encode()).hexdigest()[:20]
+        instance.outputs = [(tuple(v.shape), v.dtype) for v in flat if isinstance(v, torch.Tensor)]
+        instance.output_spec = spec
+        if any(not isinstance(v, torch.Tensor) for v in flat):
+            instance.memoizable = False  # non-tensor results are not carried by the opaque op
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if not self.frames:
+            return result
+        frame = self.frames[-1]
+        names: dict[int, str] = frame["names"]
+        schema = getattr(func, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            for argument, value in zip(schema.arguments, args, strict=False):
+                written = argument.alias_info is not None and argument.alias_info.is_write
+                owner = names.get(id(value), "") if isinstance(value, torch.Tensor) else "own:"
+                if written and not owner.startswith(("own:", "v")):
+                    # writing into an input (or anything not the block's): the opaque call would hide it
+                    frame["instance"].memoizable = False
+        described = []
+        for value in pytree.tree_leaves((args, kwargs)):
+            if isinstance(value, torch.Tensor):
+                name = names.get(id(value))
+                if name is None:
+                    # a tensor from outside the block: its value is not the block's to decide
+                    frame["instance"].memoizable = False
+                    name = f"outside:{_tensor_type(value)}"
+                described.append(name)
+            else:
+                described.append(_literal(value))
+        for value in pytree.tree_leaves(result):
+            if isinstance(value, torch.Tensor):
+                names[id(value)] = f"v{frame['count']}"
+                frame["keep"].append(value)
+                frame["count"] += 1
+        frame["lines"].append(f"{func} {described}")
+        return result
+
+
+def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Tensors kept as plain attributes (neither parameter nor buffer), by qualified name: export
+    lifts them as constants under that name (Megatron's rotary `inv_freq`)."""
+    found = []
+    for prefix, submodule in module.named_modules(remove_duplicate=False):
+        for name, value in vars(submodule).items():
+            if not name.startswith("_") and isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                found.append((f"{prefix}.{name}" if prefix else name, value))
+    return found
+
+
+def _tensor_type(value: torch.Tensor) -> str:
+    return f"{tuple(value.shape)}:{value.dtype}"
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, int | float | bool | str | type(None) | torch.dtype | torch.device | torch.memory_format):
+        return repr(value)
+    if isinstance(value, torch.Size | list | tuple):
+        return repr([_literal(v) for v in value])
+    return type(value).__name__  # process groups, script objects: what they are, not where
+
+
+def record(module: nn.Module, inputs: tuple[Any, ...]) -> list[BlockInstance]:
+    """Run the module once eagerly (on meta inputs) and record every repeated block's computation;
+    instances with equal records share the first one's path as their template."""
+    instances = [BlockInstance(path, block) for path, block in repeated_blocks(module)]
+    if not instances:
+        return []
+    recorder = _Recorder()
+    handles = []
+    for instance in instances:
+        if instance.module._forward_hooks or instance.module._forward_pre_hooks:
+            instance.memoizable = False
+
+        def pre(
+            block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], instance: BlockInstance = instance
+        ) -> None:
+            instance.args, instance.kwargs = args, dict(kwargs)
+            if any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(kwargs)):
+                instance.memoizable = False  # a template is traced with its tensors as positional inputs
+            recorder.open(instance, args, kwargs)
+
+        def post(block: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            recorder.close(output)
+
+        handles.append(instance.module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True))
+        handles.append(instance.module.register_forward_hook(post, with_kwargs=True, always_call=True))
+    try:
+        with torch.no_grad(), recorder, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated collectives: the export reports them, once
+            module(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    templates: dict[str, str] = {}
+    for instance in instances:
+        if not instance.digest:
+            instance.memoizable = False  # never ran
+        own = instance.path
+        instance.template = templates.setdefault(instance.digest, own) if instance.memoizable else own
+    return instances
+
+
+# -- the opaque block operation ---------------------------------------------------------------------
+_OUTPUTS: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {}
+
+
+@torch.library.custom_op("shardproof::block", mutates_args=())
+def _block(inputs: list[torch.Tensor], key: str) -> list[torch.Tensor]:
+    raise RuntimeError("shardproof::block only stands for a block while a skeleton is traced")
+
+
+@_block.register_fake
+def _(inputs: list[torch.Tensor], key: str) -> list[torch.Tensor]:
+    device = inputs[0].device if inputs else torch.device("meta")
+    return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in _OUTPUTS[key]]
+
+
+class _OpaqueBlock(nn.Module):
+    """Stands in for a block instance while the skeleton is traced: one `shardproof::block` call,
+    and no parameters of its own, so the skeleton does not lift the block's parameters."""
+
+    def __init__(self, instance: BlockInstance) -> None:
+        super().__init__()
+        self.instance = instance
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+        outputs = torch.ops.shardproof.block(tensors, self.instance.key)
+        assert self.instance.output_spec is not None
+        return pytree.tree_unflatten(list(outputs), self.instance.output_spec)
+
+
+@contextlib.contextmanager
+def opaque_blocks(root: nn.Module, instances: list[BlockInstance]) -> Iterator[None]:
+    """While tracing the skeleton, every memoizable instance is replaced in its parent by an
+    `_OpaqueBlock`; the original modules are put back afterwards."""
+    replaced: list[tuple[nn.Module, str, nn.Module, BlockInstance]] = []
+    for instance in instances:
+        if not instance.memoizable:
+            continue
+        parent_path, _, name = instance.path.rpartition(".")
+        parent = root.get_submodule(parent_path)
+        _OUTPUTS[instance.key] = instance.outputs
+        parent._modules[name] = _OpaqueBlock(instance)
+        replaced.append((parent, name, instance.module, instance))
+    try:
+        yield
+    finally:
+        for parent, name, module, instance in replaced:
+            parent._modules[name] = module
+            _OUTPUTS.pop(instance.key, None)
+
+
+def parse_key(key: str) -> tuple[str, str]:
+    template, _, path = key.partition("|")
+    return template, path
