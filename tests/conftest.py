@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,10 @@ TINY = Path(__file__).resolve().parent / "fixtures" / "tiny"
 
 if str(EXAMPLE) not in sys.path:
     sys.path.insert(0, str(EXAMPLE))  # bug_variants
+
+# Every test saturates its own units (the cache's own tests turn it on in a temporary directory);
+# the servers and workers the tests start inherit this.
+os.environ.setdefault("SHARDPROOF_CACHE_DIR", "off")
 
 
 @pytest.fixture(scope="session")

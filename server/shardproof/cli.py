@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="verify each check's reduced `quick` configuration (what the editor runs on edits)",
     )
+    verify.add_argument(
+        "--no-memoize",
+        action="store_true",
+        help="trace and verify every layer, also when a model repeats a block (for comparison)",
+    )
     verify.add_argument("--json", action="store_true", help="print the results as JSON")
     verify.add_argument("--sarif", type=Path, metavar="FILE", help="also write SARIF 2.1.0 to FILE")
     sub.add_parser("serve", help="run the language server over stdio (for editors)")
@@ -110,7 +115,9 @@ def verify(args: argparse.Namespace) -> int:
         with Sandbox(memory) as sandbox, contextlib.redirect_stdout(sys.stderr):
             for check in checks:
                 progress(check.name, 0, "starting")
-                results.append(verify_check(check, project, args.world_size, sandbox, progress))
+                results.append(
+                    verify_check(check, project, args.world_size, sandbox, progress, memoize=not args.no_memoize)
+                )
     except KeyboardInterrupt:
         progress.clear()
         print("shardproof: interrupted", file=sys.stderr)

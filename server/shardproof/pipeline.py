@@ -13,6 +13,7 @@ from .config import Check, Project
 from .errors import ShardproofError
 from .localize.diagnose import Evidence, explain
 from .results import CheckResult, Discrepancy, Unsupported, WorldSizeResult
+from .verify.cache import saturate as saturate_cached
 from .verify.encode import encode_unit
 from .verify.relations_found import RelationIndex
 from .verify.sandbox import Sandbox
@@ -39,9 +40,12 @@ def verify_check(
     progress: ProgressFn | None = None,
     prepare: Callable[[object], None] | None = None,
     numeric_witness: bool = True,
+    memoize: bool = True,
 ) -> CheckResult:
     """Verify `check` at each world size. `prepare` may adopt a cached reference capture; every
-    discrepancy is run with real numbers for a witness unless `numeric_witness` is off."""
+    discrepancy is run with real numbers for a witness unless `numeric_witness` is off. With
+    `memoize`, a model with repeated blocks is first verified block by block (see
+    `verify_memoized`); anything that is not proven that way is verified the plain way."""
     from .capture.program import CheckCapture
 
     notify: ProgressFn = progress or (lambda *_: None)
@@ -55,11 +59,19 @@ def verify_check(
             capture = CheckCapture(check, project, progress=lambda stage: notify(check.name, 0, stage))
             if prepare is not None:
                 prepare(capture)
-            capture.reference()
         except ShardproofError as exc:
             result.error = exc.to_dict()
             return result
         for world_size in sizes:
+            memoized = verify_memoized(capture, check, world_size, sandbox, notify) if memoize else None
+            if memoized is not None:
+                result.results.append(memoized)
+                continue
+            try:
+                capture.reference()  # the whole reference, traced once for every world size
+            except ShardproofError as exc:
+                result.error = exc.to_dict()
+                return result
             result.results.append(verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness))
     finally:
         if own_sandbox:
@@ -105,7 +117,7 @@ def verify_world_size(
     progress(check.name, world_size, "verification")
     start = time.perf_counter()
     bounds = check.bounds
-    saturation = sandbox.saturate(unit.commands, bounds.iterations, bounds.seconds, bounds.max_rows)
+    saturation, cached = saturate_cached(sandbox, unit.commands, bounds.iterations, bounds.seconds, bounds.max_rows)
     seconds["verification"] = time.perf_counter() - start
     stats = {
         "reference_nodes": len(captured.reference.graph.nodes),
@@ -115,6 +127,7 @@ def verify_world_size(
         "iterations": saturation.iterations,
         "saturation_status": saturation.status,
         "saturation_seconds": round(saturation.seconds, 4),
+        "cached_units": int(cached),
     }
     if saturation.facts is None:
         message = _bound_message(saturation.status, saturation.message, check)
@@ -166,3 +179,74 @@ def verify_world_size(
         result.summary = finding.message
     seconds["localization"] = time.perf_counter() - start
     return result
+
+
+def verify_memoized(
+    capture: object, check: Check, world_size: int, sandbox: Sandbox, progress: ProgressFn
+) -> WorldSizeResult | None:
+    """Verify a model with repeated blocks block by block: every distinct block (template) once,
+    with the same inputs in every program, then the skeletons with each block an opaque call, the
+    same in the reference and the ranks because its template was proven. The verdict is
+    `verified` or None: a template or skeleton that is not proven this way is left to the plain
+    run, which gives the verdict and the location (so both ways always agree)."""
+    from .capture.memoized import NotMemoizable, capture_memoized
+    from .capture.program import CheckCapture
+
+    assert isinstance(capture, CheckCapture)
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    progress(check.name, world_size, "capture")
+    try:
+        captured = capture_memoized(capture, world_size)
+    except (NotMemoizable, ShardproofError):
+        return None
+    seconds["capture"] = time.perf_counter() - start
+    bounds = check.bounds
+    stats: dict[str, object] = {"templates": len(captured.units), "block_instances": captured.instance_count}
+    progress(check.name, world_size, "verification")
+    start = time.perf_counter()
+    saturation_seconds = 0.0
+    cached_units = 0
+    statuses: list[str] = []
+    for unit in captured.units:
+        encoded = encode_unit(unit.reference, unit.reference_values, unit.ranks)
+        saturation, cached = saturate_cached(
+            sandbox, encoded.commands, bounds.iterations, bounds.seconds, bounds.max_rows
+        )
+        saturation_seconds += 0.0 if cached else saturation.seconds
+        cached_units += cached
+        statuses.append(saturation.status)
+        if saturation.facts is None or encoded.issues:
+            return None
+        ranks = [graph for graph, _ in unit.ranks]
+        index = RelationIndex(unit.reference, ranks, saturation.facts)
+        _, failing = output_relations(index, unit.reference, ranks, "replicated")
+        if failing:
+            return None
+    skeletons = [(p.skeleton, p.values) for p in captured.ranks]
+    encoded = encode_unit(captured.reference.skeleton, captured.reference.values, skeletons)
+    saturation, cached = saturate_cached(sandbox, encoded.commands, bounds.iterations, bounds.seconds, bounds.max_rows)
+    saturation_seconds += 0.0 if cached else saturation.seconds
+    cached_units += cached
+    statuses.append(saturation.status)
+    if saturation.facts is None or encoded.issues:
+        return None
+    ranks = [graph for graph, _ in skeletons]
+    index = RelationIndex(captured.reference.skeleton, ranks, saturation.facts)
+    outputs, failing = output_relations(index, captured.reference.skeleton, ranks, check.outputs)
+    if failing:
+        return None
+    seconds["verification"] = time.perf_counter() - start
+    stats |= {
+        "reference_nodes": len(captured.reference.skeleton.nodes),
+        "rank_nodes": sum(len(g.nodes) for g in ranks),
+        "terms": encoded.n_terms,
+        "egraph_rows": saturation.rows,
+        "saturation_seconds": round(saturation_seconds, 4),
+        "saturation_status": next((status for status in statuses if status != "fixpoint"), "fixpoint"),
+        "units": len(captured.units) + 1,
+        "cached_units": cached_units,
+    }
+    summary = "; ".join(f"output {o.index}: {o.description}" for o in outputs)
+    summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct)"
+    return WorldSizeResult(world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats)

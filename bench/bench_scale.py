@@ -1,0 +1,150 @@
+"""Scale: the Llama-3.1-405B architecture at tensor-parallel size 8, on meta tensors.
+
+The bundled example's model (`examples/llama`) and its Megatron-style tensor-parallel version,
+with the 405B configuration: 126 layers, hidden 16384, 128 attention heads, 8 KV heads,
+intermediate 53248, vocabulary 128256. Every run is `shardproof verify --json` in a fresh process
+(end-to-end wall time: import, capture, verification), so its peak RSS is the process's own
+(plus the saturation's child process, reported apart).
+
+    python bench/bench_scale.py                 # every table, median of 3 runs
+    python bench/bench_scale.py --only 405b --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = """
+import os
+
+from llama_example.model import Llama, LlamaConfig, example_inputs
+
+CONFIG = LlamaConfig(
+    vocab_size=int(os.environ["SCALE_VOCAB"]),
+    dim=int(os.environ["SCALE_DIM"]),
+    n_layers=int(os.environ["SCALE_LAYERS"]),
+    n_heads=int(os.environ["SCALE_HEADS"]),
+    n_kv_heads=int(os.environ["SCALE_KV_HEADS"]),
+    ffn_dim=int(os.environ["SCALE_FFN"]),
+    max_seq_len=64,
+)
+
+
+def build():
+    return Llama(CONFIG)
+
+
+def inputs():
+    return example_inputs(CONFIG)
+"""
+LLAMA_405B = {"vocab": 128256, "dim": 16384, "heads": 128, "kv_heads": 8, "ffn": 53248}
+# GraphGuard's GPT workload shape (8 layers at TP=8): a GPT-3 XL-sized decoder in the example's style
+GPT_8_LAYERS = {"vocab": 50304, "dim": 2048, "heads": 16, "kv_heads": 16, "ffn": 8192}
+
+
+def write_project(root: Path, check: str) -> None:
+    (root / "scale_model").mkdir(parents=True, exist_ok=True)
+    (root / "scale_model" / "__init__.py").write_text("")
+    (root / "scale_model" / "model.py").write_text(MODEL)
+    example = (ROOT / "examples" / "llama").as_posix()
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
+        [tool.shardproof]
+        python-path = [".", "{example}"]
+
+        [[tool.shardproof.check]]
+        name = "{check}"
+        reference = "scale_model.model:build"
+        parallel = "llama_example.tp:parallelize"
+        inputs = "scale_model.model:inputs"
+        world-sizes = [8]
+        outputs = "replicated"
+        """)
+    )
+
+
+def run(project: Path, shape: dict[str, int], layers: int, world_size: int, memoize: bool) -> dict[str, object]:
+    env = dict(os.environ)
+    env.update({f"SCALE_{k.upper()}": str(v) for k, v in shape.items()})
+    env["SCALE_LAYERS"] = str(layers)
+    command = [sys.executable, "-m", "shardproof", "verify", "--project", str(project), "--json"]
+    command += ["--world-size", str(world_size)] + ([] if memoize else ["--no-memoize"])
+    start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    report = json.loads(done.stdout)
+    (outcome,) = report["checks"][0]["world_sizes"]
+    return {
+        "wall": wall,
+        "verdict": outcome["verdict"],
+        "capture": outcome["seconds"].get("capture", 0.0),
+        "verification": outcome["seconds"].get("verification", 0.0),
+        "templates": outcome.get("stats", {}).get("templates"),
+        # ru_maxrss of children is the largest child so far: a lower bound when an earlier run was larger
+        "peak_gib": max(peak, before) / (1 << 20),
+    }
+
+
+def median_of(runs: int, *args: object) -> dict[str, object]:
+    results = [run(*args) for _ in range(runs)]  # type: ignore[arg-type]
+    median = dict(results[0])
+    for key in ("wall", "capture", "verification"):
+        median[key] = statistics.median(float(r[key]) for r in results)  # type: ignore[arg-type]
+    median["peak_gib"] = max(float(r["peak_gib"]) for r in results)  # type: ignore[arg-type]
+    return median
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", choices=["405b", "layers", "world", "gpt", "plain"])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp) / "scale"
+        write_project(project, "llama-405b-shape")
+        tables: list[tuple[str, list[tuple[str, dict[str, object]]]]] = []
+        if args.only in (None, "405b"):
+            rows = [("126 layers, TP=8", median_of(args.runs, project, LLAMA_405B, 126, 8, True))]
+            tables.append(("Llama-3.1-405B architecture at TP=8 (end to end)", rows))
+        if args.only in (None, "layers"):
+            rows = [(f"{n} layers", median_of(args.runs, project, LLAMA_405B, n, 8, True)) for n in (2, 8, 32, 126)]
+            tables.append(("405B shape at TP=8, by number of layers", rows))
+        if args.only in (None, "world"):
+            rows = [(f"TP={w}", median_of(args.runs, project, LLAMA_405B, 2, w, True)) for w in (2, 4, 8, 16, 32)]
+            tables.append(("405B shape, 2 layers, by tensor-parallel size", rows))
+        if args.only in (None, "gpt"):
+            rows = [("8 layers, TP=8", median_of(args.runs, project, GPT_8_LAYERS, 8, 8, True))]
+            tables.append(("GraphGuard's workload shape: a GPT-style decoder, 8 layers, TP=8", rows))
+        if args.only in (None, "plain"):
+            rows = []
+            for n in (2, 8):
+                rows.append((f"{n} layers, blocks memoized", median_of(args.runs, project, LLAMA_405B, n, 8, True)))
+                rows.append((f"{n} layers, every layer traced", median_of(args.runs, project, LLAMA_405B, n, 8, False)))
+            tables.append(("Memoized against plain, 405B shape at TP=8", rows))
+    for title, rows in tables:
+        print(f"\n{title}\n")
+        print("| configuration | verdict | wall time | capture | verification | distinct blocks | peak RSS |")
+        print("|---|---|---|---|---|---|---|")
+        for label, r in rows:
+            print(
+                f"| {label} | {r['verdict']} | {float(r['wall']):.1f} s | {float(r['capture']):.1f} s | "  # type: ignore[arg-type]
+                f"{float(r['verification']):.2f} s | {r['templates'] if r['templates'] is not None else '-'} | "  # type: ignore[arg-type]
+                f"{float(r['peak_gib']):.2f} GiB |"  # type: ignore[arg-type]
+            )
+
+
+if __name__ == "__main__":
+    main()

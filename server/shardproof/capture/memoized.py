@@ -1,0 +1,213 @@
+"""Capture with repeated blocks traced once (see blocks.py): a skeleton per program, and per
+distinct block (template) its graph in the reference and in every rank.
+
+Verification then proves each template on its own, with its inputs the same in every program
+(`verify.memo`), and the skeletons with every block call an opaque operation: a block call of a
+proven template is the same operation in the reference and in the ranks, so equal inputs give
+equal outputs; any other block call stays rank-specific. A block can only be memoized when it is
+the same computation in every instance (blocks.py records that) and when its parameters relate
+to the reference's in the same way in every instance (checked here), because a template stands
+for all its instances.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UserCodeError
+from ..graph.model import Graph
+from ..relations.expr import Expr
+from . import blocks, dtensor
+from .fake_pg import fake_rank, group_ranks
+from .normalize import to_graph
+from .program import (
+    CheckCapture,
+    _build_module,
+    _build_reference,
+    _call_user,
+    _export,
+    _to_meta,
+    import_roots,
+)
+from .provenance import ProvenanceTracker
+
+
+@dataclass
+class ProgramPieces:
+    """One program (the reference or a rank) cut at its blocks."""
+
+    skeleton: Graph
+    values: dict[str, Expr]
+    instances: list[blocks.BlockInstance]
+    templates: dict[str, Graph] = field(default_factory=dict)  # template path -> its graph
+
+
+@dataclass
+class TemplateUnit:
+    """One template in every program: what `verify.memo` proves."""
+
+    template: str
+    reference: Graph
+    reference_values: dict[str, Expr]
+    ranks: list[tuple[Graph, dict[str, Expr]]]
+    instances: list[str]  # the paths it stands for
+
+
+@dataclass
+class MemoizedCapture:
+    reference: ProgramPieces
+    ranks: list[ProgramPieces]
+    units: list[TemplateUnit]
+    world_size: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def instance_count(self) -> int:
+        return sum(len(u.instances) for u in self.units)
+
+
+class NotMemoizable(Exception):
+    """The check is captured the plain way (the reason says why)."""
+
+
+def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
+    """Capture the reference and every rank in pieces; NotMemoizable when that cannot stand for
+    the plain capture (no repeated block, instances that differ, the same-code pattern)."""
+    if capture.check.same_code_reference:
+        raise NotMemoizable("the reference is the same code at world size 1")
+    start = time.perf_counter()
+    with import_roots(capture.project.python_path):
+        cached = getattr(capture, "memoized_reference", None)
+        if cached is None:
+            inputs = _call_user(capture.make_inputs, "making the example inputs")
+            if not isinstance(inputs, tuple):
+                inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
+            meta_inputs = _to_meta(inputs)
+            tracker = ProvenanceTracker()
+            module, reference_values = _build_reference(capture.build_reference, tracker)
+            reference = _pieces(module, reference_values, meta_inputs, "reference", None, 1, None)
+            # the reference is the same for every world size
+            capture.memoized_reference = cached = (reference, meta_inputs)  # type: ignore[attr-defined]
+        reference, meta_inputs = cached
+        reference_seconds = time.perf_counter() - start
+        ranks: list[ProgramPieces] = []
+        for rank in range(world_size):
+            capture.progress(f"capturing rank {rank} of {world_size} (blocks once)")
+            with fake_rank(rank, world_size):
+                tracker = ProvenanceTracker()
+                reference_module, rank_reference_values = _build_reference(capture.build_reference, tracker)
+                stage = f"building rank {rank} of {world_size}"
+                parallel = _build_module(capture.build_parallel, stage, tracker, reference_module, rank, world_size)
+                if not isinstance(parallel, nn.Module):
+                    raise UserCodeError(
+                        f"the parallel builder returned {type(parallel).__name__} for rank {rank}, not an nn.Module"
+                    )
+                parallel.eval()
+                if dtensor.uses_dtensor(parallel):
+                    raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
+                values = capture._rank_values(parallel, tracker, rank_reference_values, rank, world_size)
+                ranks.append(_pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks))
+    units = _units(reference, ranks)
+    return MemoizedCapture(
+        reference,
+        ranks,
+        units,
+        world_size,
+        {"reference": reference_seconds, "ranks": time.perf_counter() - start - reference_seconds},
+    )
+
+
+def _pieces(
+    module: nn.Module,
+    values: dict[str, Expr],
+    meta_inputs: tuple[Any, ...],
+    name: str,
+    rank: int | None,
+    world_size: int,
+    resolve: Any,
+) -> ProgramPieces:
+    try:
+        instances = blocks.record(module, meta_inputs)
+    except Exception as exc:  # noqa: BLE001 - the plain capture reports user errors at their line
+        raise NotMemoizable(f"the eager run on meta tensors failed ({type(exc).__name__})") from None
+    memoized = [i for i in instances if i.memoizable]
+    if not memoized or len({i.template for i in memoized}) == len(memoized):
+        raise NotMemoizable("no block repeats")
+    stage = "tracing the reference" if rank is None else f"tracing rank {rank} of {world_size}"
+    with blocks.opaque_blocks(module, memoized):
+        skeleton = to_graph(_export(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve)
+    templates: dict[str, Graph] = {}
+    for instance in memoized:
+        if instance.template != instance.path or instance.path in templates:
+            continue
+        templates[instance.path] = to_graph(_export_block(instance, stage), name, rank, world_size, resolve)
+    return ProgramPieces(skeleton, values, instances, templates)
+
+
+def _export_block(instance: blocks.BlockInstance, stage: str) -> torch.export.ExportedProgram:
+    class Call(nn.Module):
+        """The block with the keyword arguments it was called with."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = instance.module
+
+        def forward(self, *args: Any) -> Any:
+            return self.block(*args, **instance.kwargs)
+
+    return _export(Call(), instance.args, f"{stage} (block {instance.path})")
+
+
+def _within(values: dict[str, Expr], path: str) -> dict[str, Expr]:
+    """The values of one block instance, named inside it ("attention.wq.weight"), with the
+    wrapper's prefix (`block.`) that `_export_block` adds."""
+    prefix = path + "."
+    return {"block." + name[len(prefix) :]: expr for name, expr in values.items() if name.startswith(prefix)}
+
+
+def _form(values: dict[str, Expr], path: str) -> str:
+    """The relations of an instance's parameters with its own path written `#`: equal forms mean
+    the instance relates to the reference's the way its template does."""
+    prefix = re.escape(path + ".")
+    own = sorted(_within(values, path).items())
+    return "\n".join(f"{name}={re.sub(prefix, '#.', repr(expr))}" for name, expr in own)
+
+
+def _units(reference: ProgramPieces, ranks: list[ProgramPieces]) -> list[TemplateUnit]:
+    units: dict[str, TemplateUnit] = {}
+    for instance in reference.instances:
+        if not instance.memoizable:
+            continue
+        for program in ranks:
+            own = {i.path: i for i in program.instances}.get(instance.path)
+            if own is None or not own.memoizable or own.template != instance.template:
+                raise NotMemoizable(f"block {instance.path} is not the same computation on {program.skeleton.name}")
+            if _form(program.values, instance.path) != _form(program.values, instance.template):
+                raise NotMemoizable(f"the parameters of {instance.path} relate differently on {program.skeleton.name}")
+        template = instance.template
+        expected = _input_metas(reference.templates[template])
+        for program in ranks:
+            if _input_metas(program.templates[template]) != expected:
+                # the template proof assumes every program passes the block the same values
+                where = program.skeleton.name
+                raise NotMemoizable(f"block {template} does not receive the reference's inputs on {where}")
+        if template not in units:
+            units[template] = TemplateUnit(
+                template,
+                reference.templates[template],
+                _within(reference.values, template),
+                [(p.templates[template], _within(p.values, template)) for p in ranks],
+                [],
+            )
+        units[template].instances.append(instance.path)
+    return list(units.values())
+
+
+def _input_metas(graph: Graph) -> list[tuple[str, object]]:
+    return [(p.target, p.meta) for p in graph.placeholders if p.kind == "input"]

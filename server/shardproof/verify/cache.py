@@ -1,0 +1,87 @@
+"""An on-disk cache of saturations, keyed by what decides their result.
+
+A verification unit (a whole world size, a block template, a skeleton) is a list of egglog
+commands; its saturation depends only on those commands, the rule library and the bounds. The
+key is a hash of exactly these (with the rule-library and egglog versions), so an entry can never
+be used for a unit whose code changed: changed code gives other commands, hence another key.
+Only results that do not depend on the machine's speed are kept (a fixpoint, or the iteration
+bound); a time, size or memory bound is tried again.
+
+The directory is `$SHARDPROOF_CACHE_DIR`, else `$XDG_CACHE_HOME/shardproof`, else
+`~/.cache/shardproof`; `SHARDPROOF_CACHE_DIR=off` disables the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Protocol
+
+from .engine import Saturation
+from .rules import RULE_LIBRARY_VERSION
+
+_KEPT = ("fixpoint", "iteration-limit")
+
+
+class Saturates(Protocol):
+    def saturate(self, commands: list[str], max_iterations: int, max_seconds: float, max_rows: int) -> Saturation: ...
+
+
+def cache_dir() -> Path | None:
+    configured = os.environ.get("SHARDPROOF_CACHE_DIR")
+    if configured == "off":
+        return None
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "shardproof"
+
+
+def unit_key(commands: list[str], max_iterations: int, max_rows: int) -> str:
+    digest = hashlib.sha256()
+    for part in (RULE_LIBRARY_VERSION, _egglog_version(), str(max_iterations), str(max_rows)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    for command in commands:
+        digest.update(command.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def saturate(
+    sandbox: Saturates, commands: list[str], max_iterations: int, max_seconds: float, max_rows: int
+) -> tuple[Saturation, bool]:
+    """The saturation of a unit, from the cache when it holds one; (result, whether it was cached)."""
+    directory = cache_dir()
+    path = directory / "units" / f"{unit_key(commands, max_iterations, max_rows)}.json" if directory else None
+    if path is not None and path.is_file():
+        try:
+            return Saturation.from_dict(json.loads(path.read_text())), True
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a damaged entry is computed again and replaced
+    result = sandbox.saturate(commands, max_iterations, max_seconds, max_rows)
+    if path is not None and result.status in _KEPT and result.facts is not None:
+        _write(path, json.dumps(result.to_dict()))
+    return result, False
+
+
+def _write(path: Path, text: str) -> None:
+    """Write atomically, so a concurrent reader never sees half an entry."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
+            handle.write(text)
+        os.replace(handle.name, path)
+    except OSError:
+        pass  # a read-only or full cache directory only costs the next run its saturation
+
+
+def _egglog_version() -> str:
+    try:
+        return metadata.version("egglog")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,203 @@
+"""Repeated blocks verified once (issue: scale): the same verdicts and locations as a run that
+traces every layer, and a mistake in one layer of many still found at its line."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shardproof.config import load_project
+from shardproof.pipeline import verify_check
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES / "llama"))
+import bug_variants  # noqa: E402
+
+
+def _outcome(result) -> list[tuple]:
+    """What a user sees of a world size: its verdict, and the kind and line of each finding."""
+    seen = []
+    for r in result.results:
+        found = [(d.kind, Path(d.primary.file).name, d.primary.line) for d in r.discrepancies if d.primary]
+        seen.append((r.world_size, r.verdict, found))
+    return seen
+
+
+def test_a_decoder_is_verified_one_block_for_all_its_layers(sandbox) -> None:
+    project = load_project(EXAMPLES / "llama")
+    result = verify_check(project.check("llama-tp"), project, [2, 4], sandbox)
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")]
+    for r in result.results:
+        assert r.stats["templates"] == 1 and r.stats["block_instances"] == 2, r.stats
+        assert "2 repeated blocks verified as 1 distinct" in r.summary
+
+
+@pytest.mark.parametrize("check", ["llama-tp", "llama-sp"])
+def test_memoized_and_plain_runs_agree_on_the_example(check: str, sandbox) -> None:
+    project = load_project(EXAMPLES / "llama")
+    memoized = verify_check(project.check(check), project, [2], sandbox, numeric_witness=False)
+    plain = verify_check(project.check(check), project, [2], sandbox, numeric_witness=False, memoize=False)
+    assert _outcome(memoized) == _outcome(plain)
+
+
+@pytest.mark.parametrize("name", [v.name for v in bug_variants.VARIANTS])
+def test_memoized_and_plain_runs_agree_on_every_bug_variant(name: str, tmp_path: Path, sandbox) -> None:
+    bug = next(v for v in bug_variants.VARIANTS if v.name == name)
+    project = load_project(bug_variants.materialize(bug, tmp_path / name))
+    check = project.checks[0]
+    world_size = min(bug.world_sizes)  # where the mistake shows
+    memoized = verify_check(check, project, [world_size], sandbox, numeric_witness=False)
+    plain = verify_check(check, project, [world_size], sandbox, numeric_witness=False, memoize=False)
+    assert _outcome(memoized) == _outcome(plain)
+    assert memoized.results[0].verdict != "verified", name
+
+
+ONE_LAYER_WRONG = """
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim=16, hidden=32):
+        super().__init__()
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Model(nn.Module):
+    def __init__(self, layers=6):
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class ParallelBlock(nn.Module):
+    def __init__(self, block, index, rank, world_size):
+        super().__init__()
+        self.index = index
+        rows = block.up.weight.shape[0] // world_size
+        self.up = nn.Parameter(block.up.weight[rank * rows : (rank + 1) * rows].clone())
+        self.down = nn.Parameter(block.down.weight[:, rank * rows : (rank + 1) * rows].clone())
+
+    def forward(self, x):
+        partial = F.linear(torch.relu(F.linear(x, self.up)), self.down)
+        if self.index != 4:
+            dist.all_reduce(partial)
+        return x + partial
+
+
+class ParallelModel(nn.Module):
+    def __init__(self, model, rank, world_size):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            ParallelBlock(block, i, rank, world_size) for i, block in enumerate(model.layers)
+        )
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def build():
+    return Model()
+
+
+def parallelize(model, rank, world_size):
+    return ParallelModel(model, rank, world_size)
+
+
+def inputs():
+    return (torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0)),)
+"""
+
+
+def test_a_mistake_in_one_layer_of_many_is_found_at_its_line(tmp_path: Path, sandbox) -> None:
+    # Layer 4 of 6 skips its all-reduce: its recorded computation differs from the others', so
+    # it is not covered by their template, and the plain run names the missing reduction.
+    (tmp_path / "deep.py").write_text(textwrap.dedent(ONE_LAYER_WRONG))
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent("""
+        [tool.shardproof]
+        python-path = ["."]
+
+        [[tool.shardproof.check]]
+        name = "deep"
+        reference = "deep:build"
+        parallel = "deep:parallelize"
+        inputs = "deep:inputs"
+        world-sizes = [2]
+        outputs = "replicated"
+        """)
+    )
+    project = load_project(tmp_path)
+    (outcome,) = verify_check(project.check("deep"), project, [2], sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    finding = outcome.discrepancies[0]
+    line = next(i + 1 for i, text in enumerate(ONE_LAYER_WRONG.splitlines()) if "partial = F.linear" in text)
+    assert finding.kind == "missing-reduction"
+    assert (Path(finding.primary.file).name, finding.primary.line) == ("deep.py", line), finding.message
+    assert "layers.4" in finding.message
+    assert finding.witness is not None and finding.witness["status"] == "confirmed"
+
+
+def test_the_same_model_without_the_mistake_is_verified_one_block_for_six(tmp_path: Path, sandbox) -> None:
+    (tmp_path / "deep.py").write_text(textwrap.dedent(ONE_LAYER_WRONG).replace("self.index != 4", "True"))
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent("""
+        [tool.shardproof]
+        python-path = ["."]
+
+        [[tool.shardproof.check]]
+        name = "deep"
+        reference = "deep:build"
+        parallel = "deep:parallelize"
+        inputs = "deep:inputs"
+        world-sizes = [2, 4]
+        outputs = "replicated"
+        """)
+    )
+    project = load_project(tmp_path)
+    result = verify_check(project.check("deep"), project, None, sandbox)
+    assert [r.verdict for r in result.results] == ["verified", "verified"]
+    assert all(r.stats["templates"] == 1 and r.stats["block_instances"] == 6 for r in result.results)
+
+
+def test_a_warm_run_reuses_every_unit_and_an_edit_only_the_units_it_leaves_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sandbox
+) -> None:
+    import shutil
+
+    monkeypatch.setenv("SHARDPROOF_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "llama"
+    shutil.copytree(EXAMPLES / "llama", root, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def run() -> dict:
+        project = load_project(root)
+        (outcome,) = verify_check(project.check("llama-tp"), project, [2], sandbox).results
+        assert outcome.verdict == "verified", outcome.summary
+        return outcome.stats
+
+    cold, warm = run(), run()
+    assert (cold["units"], cold["cached_units"]) == (2, 0)  # the block template and the skeleton
+    assert warm["cached_units"] == 2
+    # A smaller vocabulary changes the embedding and the LM head, not the blocks: only the
+    # skeleton is saturated again.
+    model = root / "llama_example" / "model.py"
+    model.write_text(model.read_text().replace("vocab_size: int = 512", "vocab_size: int = 384"))
+    edited = run()
+    assert edited["cached_units"] == 1

@@ -1,0 +1,71 @@
+"""The on-disk cache of saturations: a hit only for the very same unit under the same rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardproof.verify import cache
+from shardproof.verify.engine import Facts, Saturation
+
+
+class CountingSandbox:
+    def __init__(self, status: str = "fixpoint") -> None:
+        self.calls = 0
+        self.status = status
+
+    def saturate(self, commands: list[str], max_iterations: int, max_seconds: float, max_rows: int) -> Saturation:
+        self.calls += 1
+        facts = Facts(classes={"reference/out": 0, "rank0/out": 0})
+        return Saturation(self.status, 3, 0.5, 42, facts=facts)
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SHARDPROOF_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_the_same_unit_is_saturated_once(cache_dir: Path) -> None:
+    box = CountingSandbox()
+    first, hit_first = cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    second, hit_second = cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    assert (hit_first, hit_second, box.calls) == (False, True, 1)
+    assert second.facts is not None and second.facts.classes == first.facts.classes
+    assert second.rows == 42
+
+
+def test_changed_commands_bounds_or_rules_miss(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    box = CountingSandbox()
+    cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    _, changed_code = cache.saturate(box, ['(let a (Input "1"))'], 10, 5.0, 1000)
+    _, changed_bound = cache.saturate(box, ['(let a (Input "0"))'], 11, 5.0, 1000)
+    monkeypatch.setattr(cache, "RULE_LIBRARY_VERSION", "other")
+    _, changed_rules = cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    assert (changed_code, changed_bound, changed_rules) == (False, False, False)
+    assert box.calls == 4
+
+
+def test_a_result_that_depends_on_the_machine_is_not_kept(cache_dir: Path) -> None:
+    box = CountingSandbox(status="time-limit")
+    cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    _, hit = cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    assert not hit and box.calls == 2
+
+
+def test_a_damaged_entry_is_computed_again(cache_dir: Path) -> None:
+    box = CountingSandbox()
+    cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    for entry in (cache_dir / "units").iterdir():
+        entry.write_text("{not json")
+    _, hit = cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    assert not hit and box.calls == 2
+
+
+def test_the_cache_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDPROOF_CACHE_DIR", "off")
+    box = CountingSandbox()
+    cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    _, hit = cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    assert not hit and box.calls == 2
