@@ -116,7 +116,15 @@ def verify(args: argparse.Namespace) -> int:
             for check in checks:
                 progress(check.name, 0, "starting")
                 results.append(
-                    verify_check(check, project, args.world_size, sandbox, progress, memoize=not args.no_memoize)
+                    verify_check(
+                        check,
+                        project,
+                        args.world_size,
+                        sandbox,
+                        progress,
+                        memoize=not args.no_memoize,
+                        reuse_results=True,
+                    )
                 )
     except KeyboardInterrupt:
         progress.clear()

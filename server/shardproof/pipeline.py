@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .config import Check, Project
 from .errors import ShardproofError
 from .localize.diagnose import Evidence, explain
 from .results import CheckResult, Discrepancy, Unsupported, WorldSizeResult
+from .verify.cache import cached_result, result_key, store_result
 from .verify.cache import saturate as saturate_cached
 from .verify.encode import encode_unit
 from .verify.relations_found import RelationIndex
 from .verify.sandbox import Sandbox
 from .verify.verdict import output_relations
+
+if TYPE_CHECKING:
+    from .capture.program import CheckCapture
 
 ProgressFn = Callable[[str, int, str], None]  # (check name, world size, stage)
 
@@ -41,11 +46,14 @@ def verify_check(
     prepare: Callable[[object], None] | None = None,
     numeric_witness: bool = True,
     memoize: bool = True,
+    reuse_results: bool = False,
 ) -> CheckResult:
     """Verify `check` at each world size. `prepare` may adopt a cached reference capture; every
     discrepancy is run with real numbers for a witness unless `numeric_witness` is off. With
     `memoize`, a model with repeated blocks is first verified block by block (see
-    `verify_memoized`); anything that is not proven that way is verified the plain way."""
+    `verify_memoized`); anything that is not proven that way is verified the plain way. With
+    `reuse_results` (the command line), a world size whose files are all unchanged since a run
+    that stored its result is not verified again."""
     from .capture.program import CheckCapture
 
     notify: ProgressFn = progress or (lambda *_: None)
@@ -63,22 +71,48 @@ def verify_check(
             result.error = exc.to_dict()
             return result
         for world_size in sizes:
-            memoized = verify_memoized(capture, check, world_size, sandbox, notify) if memoize else None
-            if memoized is not None:
-                result.results.append(memoized)
+            key = result_key(repr(check), world_size, memoize) if reuse_results else None
+            stored = cached_result(key) if key is not None else None
+            if stored is not None:
+                reused = WorldSizeResult.from_dict(stored)  # type: ignore[arg-type]
+                reused.stats["reused"] = True
+                result.results.append(reused)
                 continue
-            try:
-                capture.reference()  # the whole reference, traced once for every world size
-            except ShardproofError as exc:
-                result.error = exc.to_dict()
+            outcome = _verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness, memoize)
+            if outcome is None:  # the reference itself failed: the check's error
+                result.error = capture.reference_error
                 return result
-            result.results.append(verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness))
+            result.results.append(outcome)
+            if key is not None and outcome.verdict in ("verified", "discrepancy", "inconclusive"):
+                store_result(key, outcome.to_dict(), capture.dependencies(capture.captured))
     finally:
         if own_sandbox:
             sandbox.close()
         if capture is not None:
             result.dependencies = sorted(capture.dependencies(capture.captured))
     return result
+
+
+def _verify_world_size(
+    capture: CheckCapture,
+    check: Check,
+    world_size: int,
+    sandbox: Sandbox,
+    notify: ProgressFn,
+    numeric_witness: bool,
+    memoize: bool,
+) -> WorldSizeResult | None:
+    """One world size, block by block when that proves it, else the plain way; None when the
+    reference itself cannot be captured (its error is `capture.reference_error`)."""
+    memoized = verify_memoized(capture, check, world_size, sandbox, notify) if memoize else None
+    if memoized is not None:
+        return memoized
+    try:
+        capture.reference()  # the whole reference, traced once for every world size
+    except ShardproofError as exc:
+        capture.reference_error = exc.to_dict()
+        return None
+    return verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness)
 
 
 def verify_world_size(

@@ -126,25 +126,20 @@ def inputs():
 """
 
 
+def _deep_project(root: Path, source: str, world_sizes: str):
+    (root / "deep.py").write_text(textwrap.dedent(source))
+    (root / "pyproject.toml").write_text(
+        '[tool.shardproof]\npython-path = ["."]\n\n[[tool.shardproof.check]]\nname = "deep"\n'
+        'reference = "deep:build"\nparallel = "deep:parallelize"\ninputs = "deep:inputs"\n'
+        f'world-sizes = {world_sizes}\noutputs = "replicated"\n'
+    )
+    return load_project(root)
+
+
 def test_a_mistake_in_one_layer_of_many_is_found_at_its_line(tmp_path: Path, sandbox) -> None:
     # Layer 4 of 6 skips its all-reduce: its recorded computation differs from the others', so
     # it is not covered by their template, and the plain run names the missing reduction.
-    (tmp_path / "deep.py").write_text(textwrap.dedent(ONE_LAYER_WRONG))
-    (tmp_path / "pyproject.toml").write_text(
-        textwrap.dedent("""
-        [tool.shardproof]
-        python-path = ["."]
-
-        [[tool.shardproof.check]]
-        name = "deep"
-        reference = "deep:build"
-        parallel = "deep:parallelize"
-        inputs = "deep:inputs"
-        world-sizes = [2]
-        outputs = "replicated"
-        """)
-    )
-    project = load_project(tmp_path)
+    project = _deep_project(tmp_path, ONE_LAYER_WRONG, "[2]")
     (outcome,) = verify_check(project.check("deep"), project, [2], sandbox).results
     assert outcome.verdict == "discrepancy", outcome.summary
     finding = outcome.discrepancies[0]
@@ -156,22 +151,7 @@ def test_a_mistake_in_one_layer_of_many_is_found_at_its_line(tmp_path: Path, san
 
 
 def test_the_same_model_without_the_mistake_is_verified_one_block_for_six(tmp_path: Path, sandbox) -> None:
-    (tmp_path / "deep.py").write_text(textwrap.dedent(ONE_LAYER_WRONG).replace("self.index != 4", "True"))
-    (tmp_path / "pyproject.toml").write_text(
-        textwrap.dedent("""
-        [tool.shardproof]
-        python-path = ["."]
-
-        [[tool.shardproof.check]]
-        name = "deep"
-        reference = "deep:build"
-        parallel = "deep:parallelize"
-        inputs = "deep:inputs"
-        world-sizes = [2, 4]
-        outputs = "replicated"
-        """)
-    )
-    project = load_project(tmp_path)
+    project = _deep_project(tmp_path, ONE_LAYER_WRONG.replace("self.index != 4", "True"), "[2, 4]")
     result = verify_check(project.check("deep"), project, None, sandbox)
     assert [r.verdict for r in result.results] == ["verified", "verified"]
     assert all(r.stats["templates"] == 1 and r.stats["block_instances"] == 6 for r in result.results)
@@ -201,3 +181,29 @@ def test_a_warm_run_reuses_every_unit_and_an_edit_only_the_units_it_leaves_alone
     model.write_text(model.read_text().replace("vocab_size: int = 512", "vocab_size: int = 384"))
     edited = run()
     assert edited["cached_units"] == 1
+
+
+def test_the_command_line_reuses_a_result_until_a_file_it_read_changes(tmp_path: Path) -> None:
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    root = tmp_path / "llama"
+    shutil.copytree(EXAMPLES / "llama", root, ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, SHARDPROOF_CACHE_DIR=str(tmp_path / "cache"))
+    command = [sys.executable, "-m", "shardproof", "verify", "--project", str(root), "--check", "llama-tp"]
+    command += ["--world-size", "2", "--json"]
+
+    def run() -> dict:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=600)
+        (outcome,) = json.loads(done.stdout)["checks"][0]["world_sizes"]
+        assert outcome["verdict"] == "verified", outcome
+        return outcome["stats"]
+
+    assert not run().get("reused")
+    assert run().get("reused") is True
+    # any edit of a file the check read (here a comment in the parallel code) is a new result
+    parallel = root / "llama_example" / "tp.py"
+    parallel.write_text(parallel.read_text() + "\n# edited\n")
+    assert not run().get("reused")

@@ -33,33 +33,25 @@ PHI3_PLAN_OVERRIDES: dict[str, str] = {
 }
 
 
+# Small enough for CI: 8 query heads over 4 key-value heads, so world sizes 2 and 4 split both.
+TINY = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+
+
 def tiny_config(layers: int = 2) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
+    return LlamaConfig(num_hidden_layers=layers, **TINY)
 
 
 def tiny_phi3_config(layers: int = 2) -> Phi3Config:
-    return Phi3Config(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    # token ids inside the small vocabulary (Phi-3's defaults are 32000-based)
+    return Phi3Config(num_hidden_layers=layers, pad_token_id=0, bos_token_id=1, eos_token_id=2, **TINY)
 
 
 class Logits(nn.Module):

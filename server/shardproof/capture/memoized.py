@@ -114,6 +114,9 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
                 values = capture._rank_values(parallel, tracker, rank_reference_values, rank, world_size)
                 ranks.append(_pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks))
     units = _units(reference, ranks)
+    for program in [reference, *ranks]:
+        for graph in [program.skeleton, *program.templates.values()]:
+            capture.other_sources.update(graph.source_files)
     return MemoizedCapture(
         reference,
         ranks,

@@ -435,6 +435,8 @@ class CheckCapture:
         self.project = project
         self.progress = progress or (lambda _msg: None)
         self._reference: ReferenceCapture | None = None
+        self.reference_error: dict[str, Any] | None = None  # why the reference could not be captured
+        self.other_sources: set[str] = set()  # files of graphs captured outside `captured` (memoized)
         self.captured: list[CaptureResult] = []  # every world size captured so far (for dependencies)
         with import_roots(project.python_path):
             forget_project_modules(project)
@@ -463,6 +465,7 @@ class CheckCapture:
                     files.update(_expr_files(expr))
         for graph in graphs:
             files.update(graph.source_files)
+        files.update(self.other_sources)
         return {f for f in files if not f.startswith("<")}
 
     def reference(self) -> ReferenceCapture:

@@ -7,6 +7,9 @@ be used for a unit whose code changed: changed code gives other commands, hence 
 Only results that do not depend on the machine's speed are kept (a fixpoint, or the iteration
 bound); a time, size or memory bound is tried again.
 
+The command line also keeps whole results of a world size, valid while the files they read are
+unchanged (see `cached_result`).
+
 The directory is `$SHARDPROOF_CACHE_DIR`, else `$XDG_CACHE_HOME/shardproof`, else
 `~/.cache/shardproof`; `SHARDPROOF_CACHE_DIR=off` disables the cache.
 """
@@ -81,7 +84,61 @@ def _write(path: Path, text: str) -> None:
 
 
 def _egglog_version() -> str:
+    return _version("egglog")
+
+
+# -- whole results of a world size (the command line only) ---------------------------------------
+# A check's result at a world size depends on the check's declaration, the files it read (the
+# project files it imported and every file a captured operation came from), the installed
+# libraries and shardproof itself. An entry keeps the hashes of those files; it is used only while
+# every one of them is unchanged. The editor's worker does not use it: it verifies unsaved buffers
+# that are not the files on disk.
+_LIBRARIES = ("torch", "egglog", "transformers", "accelerate", "fairscale", "megatron-core", "llama-models")
+
+
+def result_key(declaration: str, world_size: int, memoize: bool) -> str:
+    digest = hashlib.sha256()
+    versions = [_version("shardproof"), RULE_LIBRARY_VERSION] + [_version(name) for name in _LIBRARIES]
+    for part in (declaration, str(world_size), str(memoize), *versions):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def cached_result(key: str) -> dict[str, object] | None:
+    """The stored result for `key` if every file it depended on is unchanged, else None."""
+    directory = cache_dir()
+    path = directory / "results" / f"{key}.json" if directory else None
+    if path is None or not path.is_file():
+        return None
     try:
-        return metadata.version("egglog")
+        entry = json.loads(path.read_text())
+        if all(_file_digest(Path(name)) == digest for name, digest in entry["files"].items()):
+            return entry["result"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def store_result(key: str, result: dict[str, object], files: set[str]) -> None:
+    directory = cache_dir()
+    if directory is None:
+        return
+    digests = {name: _file_digest(Path(name)) for name in sorted(files)}
+    if any(digest is None for digest in digests.values()):
+        return  # a file that cannot be read cannot be checked next time
+    _write(directory / "results" / f"{key}.json", json.dumps({"files": digests, "result": result}))
+
+
+def _file_digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
     except metadata.PackageNotFoundError:
-        return "unknown"
+        return "-"
