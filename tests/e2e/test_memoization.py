@@ -207,3 +207,79 @@ def test_the_command_line_reuses_a_result_until_a_file_it_read_changes(tmp_path:
     parallel = root / "llama_example" / "tp.py"
     parallel.write_text(parallel.read_text() + "\n# edited\n")
     assert not run().get("reused")
+
+
+PER_LAYER_SCALE = """
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, index, dim=16):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.register_buffer("scale", torch.full((dim,), float(index + 1)), persistent=False)
+
+    def forward(self, x):
+        return x + self.proj(x) * self.scale
+
+
+class Model(nn.Module):
+    def __init__(self, layers=4):
+        super().__init__()
+        self.layers = nn.ModuleList(Block(i) for i in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class ParallelBlock(nn.Module):
+    def __init__(self, block, rank, world_size, dim=16):
+        super().__init__()
+        columns = dim // world_size
+        self.proj = nn.Parameter(block.proj.weight[:, rank * columns : (rank + 1) * columns].clone())
+        self.rank, self.columns = rank, columns
+        self.register_buffer("scale", torch.full((dim,), 1.0), persistent=False)
+
+    def forward(self, x):
+        local = x[..., self.rank * self.columns : (self.rank + 1) * self.columns]
+        partial = F.linear(local, self.proj)
+        dist.all_reduce(partial)
+        return x + partial * self.scale
+
+
+class ParallelModel(nn.Module):
+    def __init__(self, model, rank, world_size):
+        super().__init__()
+        self.layers = nn.ModuleList(ParallelBlock(block, rank, world_size) for block in model.layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def build():
+    return Model()
+
+
+def parallelize(model, rank, world_size):
+    return ParallelModel(model, rank, world_size)
+
+
+def inputs():
+    return (torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0)),)
+"""
+
+
+def test_a_template_never_stands_for_a_layer_whose_reference_values_differ(tmp_path: Path, sandbox) -> None:
+    # Every reference layer scales by its own constant; the parallel layers all by 1. Layer 0
+    # (the template) agrees, so only a check of the reference's values per layer keeps the
+    # template from vouching for the others.
+    project = _deep_project(tmp_path, PER_LAYER_SCALE, "[2]")
+    (outcome,) = verify_check(project.check("deep"), project, [2], sandbox, numeric_witness=False).results
+    assert outcome.verdict != "verified", outcome.summary

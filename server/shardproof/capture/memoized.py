@@ -187,6 +187,9 @@ def _units(reference: ProgramPieces, ranks: list[ProgramPieces]) -> list[Templat
     for instance in reference.instances:
         if not instance.memoizable:
             continue
+        if _form(reference.values, instance.path) != _form(reference.values, instance.template):
+            # e.g. a buffer whose value differs per layer: the template's proof used its own
+            raise NotMemoizable(f"the reference's {instance.path} differs from {instance.template} in its values")
         for program in ranks:
             own = {i.path: i for i in program.instances}.get(instance.path)
             if own is None or not own.memoizable or own.template != instance.template:
