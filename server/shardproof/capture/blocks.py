@@ -124,9 +124,10 @@ class _Recorder(TorchDispatchMode):
         if schema is not None and schema.is_mutable:
             for argument, value in zip(schema.arguments, args, strict=False):
                 written = argument.alias_info is not None and argument.alias_info.is_write
-                owner = names.get(id(value), "") if isinstance(value, torch.Tensor) else "own:"
-                if written and not owner.startswith(("own:", "v")):
-                    # writing into an input (or anything not the block's): the opaque call would hide it
+                owner = names.get(id(value), "") if isinstance(value, torch.Tensor) else "v"
+                if written and not owner.startswith("v"):
+                    # writing into an input, a parameter or a buffer (a KV cache another block or the
+                    # caller may read), or into a view of one: the opaque call would hide the write
                     frame["instance"].memoizable = False
         described = []
         for value in pytree.tree_leaves((args, kwargs)):
@@ -139,9 +140,13 @@ class _Recorder(TorchDispatchMode):
                 described.append(name)
             else:
                 described.append(_literal(value))
+        # a view keeps the kind of what it views (an input's view is still the input's memory)
+        aliases = schema is not None and any(r.alias_info is not None for r in schema.returns)
+        base = next((names.get(id(a), "") for a in args if isinstance(a, torch.Tensor)), "") if aliases else ""
+        kind = base.split(":", 1)[0].split("~", 1)[0] if base and not base.startswith("v") else ""
         for value in pytree.tree_leaves(result):
             if isinstance(value, torch.Tensor):
-                names[id(value)] = f"v{frame['count']}"
+                names[id(value)] = f"{kind}~v{frame['count']}" if kind else f"v{frame['count']}"
                 frame["keep"].append(value)
                 frame["count"] += 1
         frame["lines"].append(f"{func} {described}")
