@@ -99,6 +99,10 @@ class ParallelBlock(nn.Module):
             dist.all_reduce(partial)
         return x + partial
 
+"""
+
+# Shared by the test models: the parallel model of per-layer blocks and the check's entry points.
+_PARALLEL_MODEL_AND_ENTRY_POINTS = """
 
 class ParallelModel(nn.Module):
     def __init__(self, model, rank, world_size):
@@ -124,6 +128,7 @@ def parallelize(model, rank, world_size):
 def inputs():
     return (torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0)),)
 """
+ONE_LAYER_WRONG += _PARALLEL_MODEL_AND_ENTRY_POINTS
 
 
 def _deep_project(root: Path, source: str, world_sizes: str):
@@ -209,7 +214,8 @@ def test_the_command_line_reuses_a_result_until_a_file_it_read_changes(tmp_path:
     assert not run().get("reused")
 
 
-PER_LAYER_SCALE = """
+PER_LAYER_SCALE = (
+    """
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -238,7 +244,7 @@ class Model(nn.Module):
 
 
 class ParallelBlock(nn.Module):
-    def __init__(self, block, rank, world_size, dim=16):
+    def __init__(self, block, index, rank, world_size, dim=16):
         super().__init__()
         columns = dim // world_size
         self.proj = nn.Parameter(block.proj.weight[:, rank * columns : (rank + 1) * columns].clone())
@@ -251,29 +257,9 @@ class ParallelBlock(nn.Module):
         dist.all_reduce(partial)
         return x + partial * self.scale
 
-
-class ParallelModel(nn.Module):
-    def __init__(self, model, rank, world_size):
-        super().__init__()
-        self.layers = nn.ModuleList(ParallelBlock(block, rank, world_size) for block in model.layers)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
-def build():
-    return Model()
-
-
-def parallelize(model, rank, world_size):
-    return ParallelModel(model, rank, world_size)
-
-
-def inputs():
-    return (torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0)),)
 """
+    + _PARALLEL_MODEL_AND_ENTRY_POINTS
+)
 
 
 def test_a_template_never_stands_for_a_layer_whose_reference_values_differ(tmp_path: Path, sandbox) -> None:
