@@ -23,6 +23,11 @@ from .verify.verdict import output_relations
 
 if TYPE_CHECKING:
     from .capture.program import CheckCapture
+    from .graph.model import Graph
+    from .relations.expr import Expr
+    from .results import OutputRelation
+    from .verify.encode import EncodedUnit
+    from .verify.engine import Saturation
 
 ProgressFn = Callable[[str, int, str], None]  # (check name, world size, stage)
 
@@ -235,52 +240,66 @@ def verify_memoized(
     except (NotMemoizable, ShardproofError):
         return None
     seconds["capture"] = time.perf_counter() - start
-    bounds = check.bounds
     stats: dict[str, object] = {"templates": len(captured.units), "block_instances": captured.instance_count}
     progress(check.name, world_size, "verification")
     start = time.perf_counter()
-    saturation_seconds = 0.0
-    cached_units = 0
-    statuses: list[str] = []
+    proofs = _UnitProofs(sandbox, check)
     for unit in captured.units:
-        encoded = encode_unit(unit.reference, unit.reference_values, unit.ranks)
-        saturation, cached = saturate_cached(
-            sandbox, encoded.commands, bounds.iterations, bounds.seconds, bounds.max_rows
-        )
-        saturation_seconds += 0.0 if cached else saturation.seconds
-        cached_units += cached
-        statuses.append(saturation.status)
-        if saturation.facts is None or encoded.issues:
-            return None
-        ranks = [graph for graph, _ in unit.ranks]
-        index = RelationIndex(unit.reference, ranks, saturation.facts)
-        _, failing = output_relations(index, unit.reference, ranks, "replicated")
-        if failing:
+        if proofs.prove(unit.reference, unit.reference_values, unit.ranks, "replicated") is None:
             return None
     skeletons = [(p.skeleton, p.values) for p in captured.ranks]
-    encoded = encode_unit(captured.reference.skeleton, captured.reference.values, skeletons)
-    saturation, cached = saturate_cached(sandbox, encoded.commands, bounds.iterations, bounds.seconds, bounds.max_rows)
-    saturation_seconds += 0.0 if cached else saturation.seconds
-    cached_units += cached
-    statuses.append(saturation.status)
-    if saturation.facts is None or encoded.issues:
+    outputs = proofs.prove(captured.reference.skeleton, captured.reference.values, skeletons, check.outputs)
+    if outputs is None:
         return None
+    encoded, saturation = proofs.last
     ranks = [graph for graph, _ in skeletons]
-    index = RelationIndex(captured.reference.skeleton, ranks, saturation.facts)
-    outputs, failing = output_relations(index, captured.reference.skeleton, ranks, check.outputs)
-    if failing:
-        return None
     seconds["verification"] = time.perf_counter() - start
     stats |= {
         "reference_nodes": len(captured.reference.skeleton.nodes),
         "rank_nodes": sum(len(g.nodes) for g in ranks),
         "terms": encoded.n_terms,
         "egraph_rows": saturation.rows,
-        "saturation_seconds": round(saturation_seconds, 4),
-        "saturation_status": next((status for status in statuses if status != "fixpoint"), "fixpoint"),
-        "units": len(captured.units) + 1,
-        "cached_units": cached_units,
+        "saturation_seconds": round(proofs.saturation_seconds, 4),
+        "saturation_status": next((status for status in proofs.statuses if status != "fixpoint"), "fixpoint"),
+        "units": len(proofs.statuses),
+        "cached_units": proofs.cached_units,
     }
     summary = "; ".join(f"output {o.index}: {o.description}" for o in outputs)
     summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct)"
     return WorldSizeResult(world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats)
+
+
+class _UnitProofs:
+    """Saturates the units of a memoized run one by one (from the cache when it holds them) and
+    keeps their totals for the stats."""
+
+    def __init__(self, sandbox: Sandbox, check: Check) -> None:
+        self.sandbox, self.bounds = sandbox, check.bounds
+        self.saturation_seconds = 0.0
+        self.cached_units = 0
+        self.statuses: list[str] = []
+        self.last: tuple[EncodedUnit, Saturation]
+
+    def prove(
+        self,
+        reference: Graph,
+        reference_values: dict[str, Expr],
+        ranks: list[tuple[Graph, dict[str, Expr]]],
+        policy: str,
+    ) -> list[OutputRelation] | None:
+        """The unit's output relations when every output meets `policy`, else None."""
+        encoded = encode_unit(reference, reference_values, ranks)
+        bounds = self.bounds
+        saturation, cached = saturate_cached(
+            self.sandbox, encoded.commands, bounds.iterations, bounds.seconds, bounds.max_rows
+        )
+        self.saturation_seconds += 0.0 if cached else saturation.seconds
+        self.cached_units += cached
+        self.statuses.append(saturation.status)
+        self.last = (encoded, saturation)
+        if saturation.facts is None or encoded.issues:
+            return None
+        graphs = [graph for graph, _ in ranks]
+        index = RelationIndex(reference, graphs, saturation.facts)
+        outputs, failing = output_relations(index, reference, graphs, policy)
+        return None if failing else outputs

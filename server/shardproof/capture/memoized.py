@@ -2,7 +2,7 @@
 distinct block (template) its graph in the reference and in every rank.
 
 Verification then proves each template on its own, with its inputs the same in every program
-(`verify.memo`), and the skeletons with every block call an opaque operation: a block call of a
+(`pipeline.verify_memoized`), and the skeletons with every block call an opaque operation: a block call of a
 proven template is the same operation in the reference and in the ranks, so equal inputs give
 equal outputs; any other block call stays rank-specific. A block can only be memoized when it is
 the same computation in every instance (blocks.py records that) and when its parameters relate
@@ -13,28 +13,18 @@ for all its instances.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import UserCodeError
 from ..graph.model import Graph
 from ..relations.expr import Expr
 from . import blocks, dtensor
 from .fake_pg import fake_rank, group_ranks
 from .normalize import to_graph
-from .program import (
-    CheckCapture,
-    _build_module,
-    _build_reference,
-    _call_user,
-    _export,
-    _to_meta,
-    import_roots,
-)
+from .program import CheckCapture, _build_reference, _export, _to_meta, import_roots
 from .provenance import ProvenanceTracker
 
 
@@ -50,7 +40,7 @@ class ProgramPieces:
 
 @dataclass
 class TemplateUnit:
-    """One template in every program: what `verify.memo` proves."""
+    """One template in every program: what `pipeline.verify_memoized` proves."""
 
     template: str
     reference: Graph
@@ -64,8 +54,6 @@ class MemoizedCapture:
     reference: ProgramPieces
     ranks: list[ProgramPieces]
     units: list[TemplateUnit]
-    world_size: int
-    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def instance_count(self) -> int:
@@ -81,49 +69,26 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
     the plain capture (no repeated block, instances that differ, the same-code pattern)."""
     if capture.check.same_code_reference:
         raise NotMemoizable("the reference is the same code at world size 1")
-    start = time.perf_counter()
     with import_roots(capture.project.python_path):
-        cached = getattr(capture, "memoized_reference", None)
-        if cached is None:
-            inputs = _call_user(capture.make_inputs, "making the example inputs")
-            if not isinstance(inputs, tuple):
-                inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
-            meta_inputs = _to_meta(inputs)
-            tracker = ProvenanceTracker()
-            module, reference_values = _build_reference(capture.build_reference, tracker)
+        if capture.memoized_reference is None:  # the reference is the same for every world size
+            meta_inputs = _to_meta(capture.example_inputs())
+            module, reference_values = _build_reference(capture.build_reference, ProvenanceTracker())
             reference = _pieces(module, reference_values, meta_inputs, "reference", None, 1, None)
-            # the reference is the same for every world size
-            capture.memoized_reference = cached = (reference, meta_inputs)  # type: ignore[attr-defined]
-        reference, meta_inputs = cached
-        reference_seconds = time.perf_counter() - start
+            capture.memoized_reference = (reference, meta_inputs)
+        reference, meta_inputs = capture.memoized_reference
         ranks: list[ProgramPieces] = []
         for rank in range(world_size):
             capture.progress(f"capturing rank {rank} of {world_size} (blocks once)")
             with fake_rank(rank, world_size):
-                tracker = ProvenanceTracker()
-                reference_module, rank_reference_values = _build_reference(capture.build_reference, tracker)
-                stage = f"building rank {rank} of {world_size}"
-                parallel = _build_module(capture.build_parallel, stage, tracker, reference_module, rank, world_size)
-                if not isinstance(parallel, nn.Module):
-                    raise UserCodeError(
-                        f"the parallel builder returned {type(parallel).__name__} for rank {rank}, not an nn.Module"
-                    )
-                parallel.eval()
+                parallel, values, _ = capture.build_rank(rank, world_size)
                 if dtensor.uses_dtensor(parallel):
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
-                values = capture._rank_values(parallel, tracker, rank_reference_values, rank, world_size)
                 ranks.append(_pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks))
     units = _units(reference, ranks)
     for program in [reference, *ranks]:
         for graph in [program.skeleton, *program.templates.values()]:
             capture.other_sources.update(graph.source_files)
-    return MemoizedCapture(
-        reference,
-        ranks,
-        units,
-        world_size,
-        {"reference": reference_seconds, "ranks": time.perf_counter() - start - reference_seconds},
-    )
+    return MemoizedCapture(reference, ranks, units)
 
 
 def _pieces(
@@ -184,14 +149,15 @@ def _form(values: dict[str, Expr], path: str) -> str:
 
 def _units(reference: ProgramPieces, ranks: list[ProgramPieces]) -> list[TemplateUnit]:
     units: dict[str, TemplateUnit] = {}
+    by_path = [{i.path: i for i in program.instances} for program in ranks]
     for instance in reference.instances:
         if not instance.memoizable:
             continue
         if _form(reference.values, instance.path) != _form(reference.values, instance.template):
             # e.g. a buffer whose value differs per layer: the template's proof used its own
             raise NotMemoizable(f"the reference's {instance.path} differs from {instance.template} in its values")
-        for program in ranks:
-            own = {i.path: i for i in program.instances}.get(instance.path)
+        for program, instances in zip(ranks, by_path, strict=True):
+            own = instances.get(instance.path)
             if own is None or not own.memoizable or own.template != instance.template:
                 raise NotMemoizable(f"block {instance.path} is not the same computation on {program.skeleton.name}")
             if _form(program.values, instance.path) != _form(program.values, instance.template):

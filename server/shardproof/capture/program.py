@@ -437,6 +437,7 @@ class CheckCapture:
         self._reference: ReferenceCapture | None = None
         self.reference_error: dict[str, Any] | None = None  # why the reference could not be captured
         self.other_sources: set[str] = set()  # files of graphs captured outside `captured` (memoized)
+        self.memoized_reference: Any = None  # the reference cut at its blocks (capture/memoized.py)
         self.captured: list[CaptureResult] = []  # every world size captured so far (for dependencies)
         with import_roots(project.python_path):
             forget_project_modules(project)
@@ -468,14 +469,19 @@ class CheckCapture:
         files.update(self.other_sources)
         return {f for f in files if not f.startswith("<")}
 
+    def example_inputs(self) -> tuple[Any, ...]:
+        """The user's example inputs, as a tuple (call inside `import_roots`)."""
+        inputs = _call_user(self.make_inputs, "making the example inputs")
+        if not isinstance(inputs, tuple):
+            inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
+        return inputs
+
     def reference(self) -> ReferenceCapture:
         if self._reference is None:
             start = time.perf_counter()
             self.progress("capturing the reference")
             with import_roots(self.project.python_path):
-                inputs = _call_user(self.make_inputs, "making the example inputs")
-                if not isinstance(inputs, tuple):
-                    inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
+                inputs = self.example_inputs()
                 tracker = ProvenanceTracker()
                 if self.check.same_code_reference:
                     # The parallel code itself under a one-rank process group: its collectives
@@ -513,26 +519,9 @@ class CheckCapture:
             for rank in range(world_size):
                 self.progress(f"capturing rank {rank} of {world_size}")
                 with fake_rank(rank, world_size):
-                    tracker = ProvenanceTracker()
-                    stage = f"building rank {rank} of {world_size}"
-                    applied_styles = []
-                    if self.check.same_code_reference:
-                        reference_values = reference.values
-                        module = _build_module(self.build_parallel, stage, tracker)
-                    else:
-                        reference_module, reference_values = _build_reference(self.build_reference, tracker)
-                        with dtensor.recording_plan_entries() as applied_styles:
-                            module = _build_module(
-                                self.build_parallel, stage, tracker, reference_module, rank, world_size
-                            )
-                    if not isinstance(module, nn.Module):
-                        raise UserCodeError(
-                            f"the parallel builder returned {type(module).__name__} for rank {rank}, not an nn.Module"
-                        )
-                    module.eval()
+                    module, values, applied_styles = self.build_rank(rank, world_size, reference.values)
                     if dtensor.uses_dtensor(module):
                         self._decompose_reference_like_dtensor(reference)
-                    values = self._rank_values(module, tracker, reference_values, rank, world_size)
                     plan = dtensor.plan_entries(module, applied_styles)
                     program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
                     graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
@@ -540,6 +529,29 @@ class CheckCapture:
                 ranks.append(RankCapture(rank, graph, values))
         elapsed = time.perf_counter() - start
         return CaptureResult(reference, ranks, world_size, {"reference": reference.seconds, "ranks": elapsed})
+
+    def build_rank(
+        self, rank: int, world_size: int, same_code_values: dict[str, Expr] | None = None
+    ) -> tuple[nn.Module, dict[str, Expr], list[dtensor.AppliedStyle]]:
+        """Build rank `rank` (inside its `fake_rank` context): the module in eval mode, its
+        parameters' relations to the reference, and the plan styles applied while building.
+        `same_code_values`: the one-rank reference's values, for the same-code pattern."""
+        tracker = ProvenanceTracker()
+        stage = f"building rank {rank} of {world_size}"
+        applied_styles: list[dtensor.AppliedStyle] = []
+        if self.check.same_code_reference:
+            reference_values = same_code_values or {}
+            module = _build_module(self.build_parallel, stage, tracker)
+        else:
+            reference_module, reference_values = _build_reference(self.build_reference, tracker)
+            with dtensor.recording_plan_entries() as applied_styles:
+                module = _build_module(self.build_parallel, stage, tracker, reference_module, rank, world_size)
+        if not isinstance(module, nn.Module):
+            raise UserCodeError(
+                f"the parallel builder returned {type(module).__name__} for rank {rank}, not an nn.Module"
+            )
+        module.eval()
+        return module, self._rank_values(module, tracker, reference_values, rank, world_size), applied_styles
 
     def _rank_values(
         self,

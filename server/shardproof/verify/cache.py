@@ -44,6 +44,11 @@ def cache_dir() -> Path | None:
     return Path(base) / "shardproof"
 
 
+def _entry(kind: str, key: str) -> Path | None:
+    directory = cache_dir()
+    return directory / kind / f"{key}.json" if directory is not None else None
+
+
 def unit_key(commands: list[str], max_iterations: int, max_rows: int) -> str:
     digest = hashlib.sha256()
     for part in (RULE_LIBRARY_VERSION, _egglog_version(), str(max_iterations), str(max_rows)):
@@ -59,8 +64,7 @@ def saturate(
     sandbox: Saturates, commands: list[str], max_iterations: int, max_seconds: float, max_rows: int
 ) -> tuple[Saturation, bool]:
     """The saturation of a unit, from the cache when it holds one; (result, whether it was cached)."""
-    directory = cache_dir()
-    path = directory / "units" / f"{unit_key(commands, max_iterations, max_rows)}.json" if directory else None
+    path = _entry("units", unit_key(commands, max_iterations, max_rows))
     if path is not None and path.is_file():
         try:
             return Saturation.from_dict(json.loads(path.read_text())), True
@@ -107,8 +111,7 @@ def result_key(declaration: str, world_size: int, memoize: bool) -> str:
 
 def cached_result(key: str) -> dict[str, object] | None:
     """The stored result for `key` if every file it depended on is unchanged, else None."""
-    directory = cache_dir()
-    path = directory / "results" / f"{key}.json" if directory else None
+    path = _entry("results", key)
     if path is None or not path.is_file():
         return None
     try:
@@ -121,13 +124,13 @@ def cached_result(key: str) -> dict[str, object] | None:
 
 
 def store_result(key: str, result: dict[str, object], files: set[str]) -> None:
-    directory = cache_dir()
-    if directory is None:
+    path = _entry("results", key)
+    if path is None:
         return
     digests = {name: _file_digest(Path(name)) for name in sorted(files)}
     if any(digest is None for digest in digests.values()):
         return  # a file that cannot be read cannot be checked next time
-    _write(directory / "results" / f"{key}.json", json.dumps({"files": digests, "result": result}))
+    _write(path, json.dumps({"files": digests, "result": result}))
 
 
 def _file_digest(path: Path) -> str | None:
