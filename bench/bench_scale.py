@@ -53,7 +53,7 @@ LLAMA_405B = {"vocab": 128256, "dim": 16384, "heads": 128, "kv_heads": 8, "ffn":
 GPT_8_LAYERS = {"vocab": 50304, "dim": 2048, "heads": 16, "kv_heads": 16, "ffn": 8192}
 
 
-def write_project(root: Path, check: str) -> None:
+def write_project(root: Path) -> None:
     (root / "scale_model").mkdir(parents=True, exist_ok=True)
     (root / "scale_model" / "__init__.py").write_text("")
     (root / "scale_model" / "model.py").write_text(MODEL)
@@ -64,9 +64,17 @@ def write_project(root: Path, check: str) -> None:
         python-path = [".", "{example}"]
 
         [[tool.shardproof.check]]
-        name = "{check}"
+        name = "tp"
         reference = "scale_model.model:build"
         parallel = "llama_example.tp:parallelize"
+        inputs = "scale_model.model:inputs"
+        world-sizes = [8]
+        outputs = "replicated"
+
+        [[tool.shardproof.check]]
+        name = "sp"
+        reference = "scale_model.model:build"
+        parallel = "llama_example.sp:parallelize"
         inputs = "scale_model.model:inputs"
         world-sizes = [8]
         outputs = "replicated"
@@ -74,12 +82,14 @@ def write_project(root: Path, check: str) -> None:
     )
 
 
-def run(project: Path, shape: dict[str, int], layers: int, world_size: int, memoize: bool) -> dict[str, object]:
+def run(
+    project: Path, shape: dict[str, int], layers: int, world_size: int, flags: tuple[str, ...] = (), check: str = "tp"
+) -> dict[str, object]:
     env = dict(os.environ)
     env.update({f"SCALE_{k.upper()}": str(v) for k, v in shape.items()})
     env["SCALE_LAYERS"] = str(layers)
     command = [sys.executable, "-m", "shardproof", "verify", "--project", str(project), "--json"]
-    command += ["--world-size", str(world_size)] + ([] if memoize else ["--no-memoize"])
+    command += ["--check", check, "--world-size", str(world_size), *flags]
     start = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -93,6 +103,7 @@ def run(project: Path, shape: dict[str, int], layers: int, world_size: int, memo
         "capture": outcome["seconds"].get("capture", 0.0),
         "verification": outcome["seconds"].get("verification", 0.0),
         "templates": outcome.get("stats", {}).get("templates"),
+        "parts": outcome.get("stats", {}).get("parts"),
         # ru_maxrss of children is the largest child so far: a lower bound when an earlier run was larger
         "peak_gib": max(peak, before) / (1 << 20),
     }
@@ -110,38 +121,56 @@ def median_of(runs: int, *args: object) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--only", choices=["405b", "layers", "world", "gpt", "plain"])
+    parser.add_argument("--only", choices=["405b", "layers", "world", "gpt", "plain", "jobs"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "scale"
-        write_project(project, "llama-405b-shape")
+        write_project(project)
         tables: list[tuple[str, list[tuple[str, dict[str, object]]]]] = []
         if args.only in (None, "405b"):
-            rows = [("126 layers, TP=8", median_of(args.runs, project, LLAMA_405B, 126, 8, True))]
+            rows = [("126 layers, TP=8", median_of(args.runs, project, LLAMA_405B, 126, 8))]
             tables.append(("Llama-3.1-405B architecture at TP=8 (end to end)", rows))
         if args.only in (None, "layers"):
-            rows = [(f"{n} layers", median_of(args.runs, project, LLAMA_405B, n, 8, True)) for n in (2, 8, 32, 126)]
+            rows = [(f"{n} layers", median_of(args.runs, project, LLAMA_405B, n, 8)) for n in (2, 8, 32, 126)]
             tables.append(("405B shape at TP=8, by number of layers", rows))
         if args.only in (None, "world"):
-            rows = [(f"TP={w}", median_of(args.runs, project, LLAMA_405B, 2, w, True)) for w in (2, 4, 8, 16, 32)]
+            rows = [(f"TP={w}", median_of(args.runs, project, LLAMA_405B, 2, w)) for w in (2, 4, 8, 16, 32)]
             tables.append(("405B shape, 2 layers, by tensor-parallel size", rows))
         if args.only in (None, "gpt"):
-            rows = [("8 layers, TP=8", median_of(args.runs, project, GPT_8_LAYERS, 8, 8, True))]
+            rows = [
+                ("8 layers, TP=8", median_of(args.runs, project, GPT_8_LAYERS, 8, 8)),
+                ("8 layers, TP=8 + sequence parallel", median_of(args.runs, project, GPT_8_LAYERS, 8, 8, (), "sp")),
+            ]
             tables.append(("GraphGuard's workload shape: a GPT-style decoder, 8 layers, TP=8", rows))
         if args.only in (None, "plain"):
             rows = []
             for n in (2, 8):
-                rows.append((f"{n} layers, blocks memoized", median_of(args.runs, project, LLAMA_405B, n, 8, True)))
-                rows.append((f"{n} layers, every layer traced", median_of(args.runs, project, LLAMA_405B, n, 8, False)))
-            tables.append(("Memoized against plain, 405B shape at TP=8", rows))
+                rows.append((f"{n} layers, blocks memoized", median_of(args.runs, project, LLAMA_405B, n, 8)))
+                every = ("--no-memoize",)
+                rows.append(
+                    (f"{n} layers, every layer, in parts", median_of(args.runs, project, LLAMA_405B, n, 8, every))
+                )
+                whole = (*every, "--no-partition")
+                rows.append((f"{n} layers, every layer, whole", median_of(args.runs, project, LLAMA_405B, n, 8, whole)))
+            tables.append(("Memoized, in parts and whole, 405B shape at TP=8", rows))
+        if args.only in (None, "jobs"):
+            # sequence parallelism is verified in parts (its blocks are entered sequence-sharded)
+            rows = []
+            for jobs in (1, 2):
+                flags = ("--jobs", str(jobs))
+                rows.append(
+                    (f"8 layers, SP, --jobs {jobs}", median_of(args.runs, project, LLAMA_405B, 8, 8, flags, "sp"))
+                )
+            tables.append(("Parts saturated one at a time and two at once (2 cores), 405B shape, TP=8 + SP", rows))
     for title, rows in tables:
         print(f"\n{title}\n")
-        print("| configuration | verdict | wall time | capture | verification | distinct blocks | peak RSS |")
-        print("|---|---|---|---|---|---|---|")
+        print("| configuration | verdict | wall time | capture | verification | distinct blocks | parts | peak RSS |")
+        print("|---|---|---|---|---|---|---|---|")
         for label, r in rows:
             print(
                 f"| {label} | {r['verdict']} | {float(r['wall']):.1f} s | {float(r['capture']):.1f} s | "  # type: ignore[arg-type]
                 f"{float(r['verification']):.2f} s | {r['templates'] if r['templates'] is not None else '-'} | "  # type: ignore[arg-type]
+                f"{r['parts'] if r['parts'] is not None else '-'} | "
                 f"{float(r['peak_gib']):.2f} GiB |"  # type: ignore[arg-type]
             )
 

@@ -76,6 +76,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="trace and verify every layer, also when a model repeats a block (for comparison)",
     )
+    verify.add_argument(
+        "--no-partition",
+        action="store_true",
+        help="verify each world size whole instead of in parts cut at its blocks (for comparison)",
+    )
+    verify.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="saturate up to N verification units at once (default: one per core, or $SHARDPROOF_JOBS)",
+    )
     verify.add_argument("--json", action="store_true", help="print the results as JSON")
     verify.add_argument("--sarif", type=Path, metavar="FILE", help="also write SARIF 2.1.0 to FILE")
     sub.add_parser("serve", help="run the language server over stdio (for editors)")
@@ -106,13 +117,16 @@ def verify(args: argparse.Namespace) -> int:
     if args.world_size and any(n < 1 for n in args.world_size):
         print("shardproof: error: --world-size must be positive", file=sys.stderr)
         return 2
+    if args.jobs is not None and args.jobs < 1:
+        print("shardproof: error: --jobs must be positive", file=sys.stderr)
+        return 2
     progress = Progress(sys.stderr, enabled=sys.stderr.isatty() and not args.json)
     results: list[CheckResult] = []
     memory = max(c.bounds.memory_mb for c in checks)
     try:
         # stdout carries the report (JSON with --json); what the user's code or its libraries print
         # while being built (fairscale announces its groups) goes to stderr.
-        with Sandbox(memory) as sandbox, contextlib.redirect_stdout(sys.stderr):
+        with Sandbox(memory, args.jobs) as sandbox, contextlib.redirect_stdout(sys.stderr):
             for check in checks:
                 progress(check.name, 0, "starting")
                 results.append(
@@ -124,6 +138,7 @@ def verify(args: argparse.Namespace) -> int:
                         progress,
                         memoize=not args.no_memoize,
                         reuse_results=True,
+                        partition=not args.no_partition,
                     )
                 )
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .config import Check, Project
@@ -16,13 +17,15 @@ from .localize.diagnose import Evidence, explain
 from .results import CheckResult, Discrepancy, Unsupported, WorldSizeResult
 from .verify.cache import cached_result, result_key, store_result
 from .verify.cache import saturate as saturate_cached
+from .verify.cache import saturate_all as saturate_all_cached
 from .verify.encode import encode_unit
+from .verify.partition import partition, proven
 from .verify.relations_found import RelationIndex
-from .verify.sandbox import Sandbox
+from .verify.sandbox import Job, Sandbox
 from .verify.verdict import output_relations
 
 if TYPE_CHECKING:
-    from .capture.program import CheckCapture
+    from .capture.program import CaptureResult, CheckCapture
     from .graph.model import Graph
     from .relations.expr import Expr
     from .results import OutputRelation
@@ -52,11 +55,13 @@ def verify_check(
     numeric_witness: bool = True,
     memoize: bool = True,
     reuse_results: bool = False,
+    partition: bool = True,
 ) -> CheckResult:
     """Verify `check` at each world size. `prepare` may adopt a cached reference capture; every
     discrepancy is run with real numbers for a witness unless `numeric_witness` is off. With
     `memoize`, a model with repeated blocks is first verified block by block (see
-    `verify_memoized`); anything that is not proven that way is verified the plain way. With
+    `verify_memoized`); anything that is not proven that way is verified the plain way, in parts
+    at once unless `partition` is off (see `verify_world_size`). With
     `reuse_results` (the command line), a world size whose files are all unchanged since a run
     that stored its result is not verified again."""
     from .capture.program import CheckCapture
@@ -76,14 +81,20 @@ def verify_check(
             result.error = exc.to_dict()
             return result
         for world_size in sizes:
-            key = result_key(repr(check), world_size, memoize) if reuse_results else None
+            key = (
+                result_key(repr(check), world_size, f"memoize={memoize} partition={partition}")
+                if reuse_results
+                else None
+            )
             stored = cached_result(key) if key is not None else None
             if stored is not None:
                 reused = WorldSizeResult.from_dict(stored)  # type: ignore[arg-type]
                 reused.stats["reused"] = True
                 result.results.append(reused)
                 continue
-            outcome = _verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness, memoize)
+            outcome = _verify_world_size(
+                capture, check, world_size, sandbox, notify, numeric_witness, memoize, partition
+            )
             if outcome is None:  # the reference itself failed: the check's error
                 result.error = capture.reference_error
                 return result
@@ -106,6 +117,7 @@ def _verify_world_size(
     notify: ProgressFn,
     numeric_witness: bool,
     memoize: bool,
+    partition: bool,
 ) -> WorldSizeResult | None:
     """One world size, block by block when that proves it, else the plain way; None when the
     reference itself cannot be captured (its error is `capture.reference_error`)."""
@@ -117,7 +129,7 @@ def _verify_world_size(
     except ShardproofError as exc:
         capture.reference_error = exc.to_dict()
         return None
-    return verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness)
+    return verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness, partition)
 
 
 def verify_world_size(
@@ -127,7 +139,11 @@ def verify_world_size(
     sandbox: Sandbox,
     progress: ProgressFn,
     numeric_witness: bool = True,
+    partition: bool = True,
 ) -> WorldSizeResult:
+    """The plain run: the whole world size captured at once, verified in parts at once when its
+    blocks cut it into parts that each prove their share (`verify.partition`), else whole; the
+    verdict and the location of anything not proven come from the whole."""
     from .capture.program import CheckCapture
 
     assert isinstance(capture, CheckCapture)
@@ -147,6 +163,10 @@ def verify_world_size(
             seconds={"capture": time.perf_counter() - start},
         )
     seconds["capture"] = time.perf_counter() - start
+    if partition:
+        partitioned = _verify_partitioned(captured, check, world_size, sandbox, progress, seconds)
+        if partitioned is not None:
+            return partitioned
     progress(check.name, world_size, "relations")
     start = time.perf_counter()
     unit = encode_unit(
@@ -220,6 +240,45 @@ def verify_world_size(
     return result
 
 
+def _verify_partitioned(
+    captured: CaptureResult,
+    check: Check,
+    world_size: int,
+    sandbox: Sandbox,
+    progress: ProgressFn,
+    seconds: dict[str, float],
+) -> WorldSizeResult | None:
+    """`verified` when every part of the cut world size proves its share, else None (and the
+    time spent on the parts in `seconds`)."""
+    start = time.perf_counter()
+    ranks = [(r.graph, r.values) for r in captured.ranks]
+    parts = partition(captured.reference.graph, captured.reference.values, ranks)
+    if parts is None:
+        return None
+    progress(check.name, world_size, "verification")
+    proofs = prove_units(sandbox, check, [(part.reference, part.reference_values, part.ranks) for part in parts])
+    outputs: list[OutputRelation] | None = None
+    for part, proof in zip(parts, proofs, strict=True):
+        index = proof.index
+        if index is None or not proven(part, index):
+            seconds["verification in parts"] = time.perf_counter() - start
+            return None
+        if part.final:
+            outputs = proof.outputs(check.outputs)
+            if outputs is None:
+                seconds["verification in parts"] = time.perf_counter() - start
+                return None
+    assert outputs is not None  # partition() puts the outputs in the last part
+    seconds = seconds | {"verification": time.perf_counter() - start}
+    stats = {
+        "reference_nodes": len(captured.reference.graph.nodes),
+        "rank_nodes": sum(len(r.graph.nodes) for r in captured.ranks),
+        "parts": len(parts),
+    } | unit_stats(proofs)
+    summary = "; ".join(f"output {o.index}: {o.description}" for o in outputs)
+    return WorldSizeResult(world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats)
+
+
 def verify_memoized(
     capture: object, check: Check, world_size: int, sandbox: Sandbox, progress: ProgressFn
 ) -> WorldSizeResult | None:
@@ -243,63 +302,75 @@ def verify_memoized(
     stats: dict[str, object] = {"templates": len(captured.units), "block_instances": captured.instance_count}
     progress(check.name, world_size, "verification")
     start = time.perf_counter()
-    proofs = _UnitProofs(sandbox, check)
-    for unit in captured.units:
-        if proofs.prove(unit.reference, unit.reference_values, unit.ranks, "replicated") is None:
-            return None
+    units = [(unit.reference, unit.reference_values, unit.ranks) for unit in captured.units]
     skeletons = [(p.skeleton, p.values) for p in captured.ranks]
-    outputs = proofs.prove(captured.reference.skeleton, captured.reference.values, skeletons, check.outputs)
+    units.append((captured.reference.skeleton, captured.reference.values, skeletons))
+    proofs = prove_units(sandbox, check, units)
+    for proof in proofs[:-1]:
+        if proof.outputs("replicated") is None:
+            return None
+    outputs = proofs[-1].outputs(check.outputs)
     if outputs is None:
         return None
-    encoded, saturation = proofs.last
-    ranks = [graph for graph, _ in skeletons]
     seconds["verification"] = time.perf_counter() - start
     stats |= {
         "reference_nodes": len(captured.reference.skeleton.nodes),
-        "rank_nodes": sum(len(g.nodes) for g in ranks),
-        "terms": encoded.n_terms,
-        "egraph_rows": saturation.rows,
-        "saturation_seconds": round(proofs.saturation_seconds, 4),
-        "saturation_status": next((status for status in proofs.statuses if status != "fixpoint"), "fixpoint"),
-        "units": len(proofs.statuses),
-        "cached_units": proofs.cached_units,
-    }
+        "rank_nodes": sum(len(g.nodes) for g, _ in skeletons),
+    } | unit_stats(proofs)
     summary = "; ".join(f"output {o.index}: {o.description}" for o in outputs)
     summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct)"
     return WorldSizeResult(world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats)
 
 
-class _UnitProofs:
-    """Saturates the units of a memoized run one by one (from the cache when it holds them) and
-    keeps their totals for the stats."""
+@dataclass
+class UnitProof:
+    """One saturated unit (the reference and the ranks of a template, skeleton or part)."""
 
-    def __init__(self, sandbox: Sandbox, check: Check) -> None:
-        self.sandbox, self.bounds = sandbox, check.bounds
-        self.saturation_seconds = 0.0
-        self.cached_units = 0
-        self.statuses: list[str] = []
-        self.last: tuple[EncodedUnit, Saturation]
+    reference: Graph
+    ranks: list[Graph]
+    encoded: EncodedUnit
+    saturation: Saturation
+    cached: bool
 
-    def prove(
-        self,
-        reference: Graph,
-        reference_values: dict[str, Expr],
-        ranks: list[tuple[Graph, dict[str, Expr]]],
-        policy: str,
-    ) -> list[OutputRelation] | None:
-        """The unit's output relations when every output meets `policy`, else None."""
-        encoded = encode_unit(reference, reference_values, ranks)
-        bounds = self.bounds
-        saturation, cached = saturate_cached(
-            self.sandbox, encoded.commands, bounds.iterations, bounds.seconds, bounds.max_rows
-        )
-        self.saturation_seconds += 0.0 if cached else saturation.seconds
-        self.cached_units += cached
-        self.statuses.append(saturation.status)
-        self.last = (encoded, saturation)
-        if saturation.facts is None or encoded.issues:
+    @property
+    def index(self) -> RelationIndex | None:
+        """The proven relations, when the saturation ended with facts and the ranks' collectives
+        matched."""
+        if self.saturation.facts is None or self.encoded.issues:
             return None
-        graphs = [graph for graph, _ in ranks]
-        index = RelationIndex(reference, graphs, saturation.facts)
-        outputs, failing = output_relations(index, reference, graphs, policy)
+        return RelationIndex(self.reference, self.ranks, self.saturation.facts)
+
+    def outputs(self, policy: str) -> list[OutputRelation] | None:
+        """The unit's output relations when every output meets `policy`, else None."""
+        index = self.index
+        if index is None:
+            return None
+        outputs, failing = output_relations(index, self.reference, self.ranks, policy)
         return None if failing else outputs
+
+
+def prove_units(
+    sandbox: Sandbox, check: Check, units: list[tuple[Graph, dict[str, Expr], list[tuple[Graph, dict[str, Expr]]]]]
+) -> list[UnitProof]:
+    """Saturate independent units at once (the cache answers those it holds)."""
+    bounds = check.bounds
+    encoded = [encode_unit(reference, values, ranks) for reference, values, ranks in units]
+    jobs = [Job(e.commands, bounds.iterations, bounds.seconds, bounds.max_rows) for e in encoded]
+    saturated = saturate_all_cached(sandbox, jobs)
+    return [
+        UnitProof(reference, [graph for graph, _ in ranks], unit, saturation, cached)
+        for (reference, _, ranks), unit, (saturation, cached) in zip(units, encoded, saturated, strict=True)
+    ]
+
+
+def unit_stats(proofs: list[UnitProof]) -> dict[str, object]:
+    statuses = [proof.saturation.status for proof in proofs]
+    return {
+        "terms": sum(proof.encoded.n_terms for proof in proofs),
+        "egraph_rows": max(proof.saturation.rows for proof in proofs),
+        # the saturations' own time, added up over units (they overlap when run at once)
+        "saturation_seconds": round(sum(p.saturation.seconds for p in proofs if not p.cached), 4),
+        "saturation_status": next((status for status in statuses if status != "fixpoint"), "fixpoint"),
+        "units": len(proofs),
+        "cached_units": sum(proof.cached for proof in proofs),
+    }

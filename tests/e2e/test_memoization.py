@@ -1,5 +1,6 @@
-"""Repeated blocks verified once (issue: scale): the same verdicts and locations as a run that
-traces every layer, and a mistake in one layer of many still found at its line."""
+"""Scale: repeated blocks verified once, and a world size verified in parts cut at its blocks and
+saturated at once. Both give the same verdicts and locations as a run that traces every layer and
+verifies it whole, and a mistake in one layer of many is still found at its line."""
 
 from __future__ import annotations
 
@@ -42,7 +43,12 @@ def test_memoized_and_plain_runs_agree_on_the_example(check: str, sandbox) -> No
     project = load_project(EXAMPLES / "llama")
     memoized = verify_check(project.check(check), project, [2], sandbox, numeric_witness=False)
     plain = verify_check(project.check(check), project, [2], sandbox, numeric_witness=False, memoize=False)
-    assert _outcome(memoized) == _outcome(plain)
+    whole = verify_check(
+        project.check(check), project, [2], sandbox, numeric_witness=False, memoize=False, partition=False
+    )
+    assert _outcome(memoized) == _outcome(plain) == _outcome(whole)
+    # every layer traced, verified as three parts at once: before the first block, and each block
+    assert plain.results[0].stats["parts"] == 3 and "parts" not in whole.results[0].stats
 
 
 @pytest.mark.parametrize("name", [v.name for v in bug_variants.VARIANTS])
@@ -53,7 +59,8 @@ def test_memoized_and_plain_runs_agree_on_every_bug_variant(name: str, tmp_path:
     world_size = min(bug.world_sizes)  # where the mistake shows
     memoized = verify_check(check, project, [world_size], sandbox, numeric_witness=False)
     plain = verify_check(check, project, [world_size], sandbox, numeric_witness=False, memoize=False)
-    assert _outcome(memoized) == _outcome(plain)
+    whole = verify_check(check, project, [world_size], sandbox, numeric_witness=False, memoize=False, partition=False)
+    assert _outcome(memoized) == _outcome(plain) == _outcome(whole)
     assert memoized.results[0].verdict != "verified", name
 
 
@@ -269,3 +276,88 @@ def test_a_template_never_stands_for_a_layer_whose_reference_values_differ(tmp_p
     project = _deep_project(tmp_path, PER_LAYER_SCALE, "[2]")
     (outcome,) = verify_check(project.check("deep"), project, [2], sandbox, numeric_witness=False).results
     assert outcome.verdict != "verified", outcome.summary
+
+
+PARTIAL_UPDATE_CROSSES_BLOCKS = """
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim=16, hidden=32):
+        super().__init__()
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x, update=None):
+        if update is not None:
+            x = x + update
+        return x, self.down(torch.relu(self.up(x)))
+
+
+class Model(nn.Module):
+    def __init__(self, layers=3):
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(layers))
+
+    def forward(self, x):
+        update = None
+        for layer in self.layers:
+            x, update = layer(x, update)
+        return x + update
+
+
+class ParallelBlock(nn.Module):
+    def __init__(self, block, rank, world_size):
+        super().__init__()
+        rows = block.up.weight.shape[0] // world_size
+        self.up = nn.Parameter(block.up.weight[rank * rows : (rank + 1) * rows].clone())
+        self.down = nn.Parameter(block.down.weight[:, rank * rows : (rank + 1) * rows].clone())
+
+    def forward(self, x, partial_update=None):
+        if partial_update is not None:
+            dist.all_reduce(partial_update)
+            x = x + partial_update
+        return x, F.linear(torch.relu(F.linear(x, self.up)), self.down)
+
+
+class ParallelModel(nn.Module):
+    def __init__(self, model, rank, world_size):
+        super().__init__()
+        self.layers = nn.ModuleList(ParallelBlock(block, rank, world_size) for block in model.layers)
+
+    def forward(self, x):
+        update = None
+        for layer in self.layers:
+            x, update = layer(x, update)
+        dist.all_reduce(update)
+        return x + update
+
+
+def build():
+    return Model()
+
+
+def parallelize(model, rank, world_size):
+    return ParallelModel(model, rank, world_size)
+
+
+def inputs():
+    return (torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0)),)
+"""
+
+
+def test_a_partial_sum_crossing_a_block_boundary_is_verified_whole(tmp_path: Path, sandbox) -> None:
+    # Each block reduces the previous block's update when it adds it, so the update leaves a block
+    # as partial sums. A part assumes only whole values or blocks of them at its inputs, so the
+    # part computing the update cannot prove what the next part assumed: the world size is
+    # verified whole instead, with the same verdict a plain run gives.
+    project = _deep_project(tmp_path, PARTIAL_UPDATE_CROSSES_BLOCKS, "[2]")
+    check = project.check("deep")
+    (parts,) = verify_check(check, project, [2], sandbox, numeric_witness=False, memoize=False).results
+    (whole,) = verify_check(check, project, [2], sandbox, numeric_witness=False, memoize=False, partition=False).results
+    assert parts.verdict == whole.verdict == "verified", parts.summary
+    assert "verification in parts" in parts.seconds and "parts" not in parts.stats
+

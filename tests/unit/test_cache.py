@@ -8,6 +8,7 @@ import pytest
 
 from shardproof.verify import cache
 from shardproof.verify.engine import Facts, Saturation
+from shardproof.verify.sandbox import Job
 
 
 class CountingSandbox:
@@ -15,10 +16,10 @@ class CountingSandbox:
         self.calls = 0
         self.status = status
 
-    def saturate(self, commands: list[str], max_iterations: int, max_seconds: float, max_rows: int) -> Saturation:
-        self.calls += 1
+    def saturate_all(self, jobs: list[Job]) -> list[Saturation]:
+        self.calls += len(jobs)
         facts = Facts(classes={"reference/out": 0, "rank0/out": 0})
-        return Saturation(self.status, 3, 0.5, 42, facts=facts)
+        return [Saturation(self.status, 3, 0.5, 42, facts=facts) for _ in jobs]
 
 
 @pytest.fixture
@@ -69,3 +70,12 @@ def test_the_cache_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
     _, hit = cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
     assert not hit and box.calls == 2
+
+
+def test_of_several_units_only_those_the_cache_lacks_are_saturated(cache_dir: Path) -> None:
+    box = CountingSandbox()
+    cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    jobs = [Job(['(let a (Input "0"))'], 10, 5.0, 1000), Job(['(let a (Input "1"))'], 10, 5.0, 1000)]
+    results = cache.saturate_all(box, jobs)
+    assert [cached for _, cached in results] == [True, False]
+    assert box.calls == 2

@@ -1,6 +1,8 @@
 """Saturations run in a child process: running out of memory ends the child, not the caller."""
 
-from shardproof.verify.sandbox import Sandbox
+import json
+
+from shardproof.verify.sandbox import Job, Sandbox
 
 TINY = ['(let $x (Leaf "x"))']
 
@@ -18,3 +20,25 @@ def test_out_of_memory_is_a_result_not_a_crash() -> None:
         assert result.status == "memory-limit"
         assert "64 MiB memory limit" in result.message
         assert result.facts is None
+
+
+def test_independent_units_are_saturated_at_once_in_the_order_given() -> None:
+    import time
+
+    units = [[*TINY, f'(let $y{i} (Leaf "y{i}"))', f'(node $y{i} "unit{i}/y")'] for i in range(5)]
+    with Sandbox(4096, workers=2) as box:
+        start = time.perf_counter()
+        results = box.saturate_all([Job(commands, 5, 30, 10_000) for commands in units])
+        assert time.perf_counter() - start < 60
+        assert [r.status for r in results] == ["fixpoint"] * 5
+        assert len(box._children) == 2  # two children served five units
+        for i, result in enumerate(results):
+            assert result.facts is not None
+            assert f"unit{i}/y" in json.dumps(result.to_dict()), "a result must be its own unit's"
+
+
+def test_a_unit_that_crashes_its_child_leaves_the_others_their_results() -> None:
+    with Sandbox(4096, workers=2) as box:
+        results = box.saturate_all([Job(TINY, 5, 30, 10_000), Job(["(this is not egglog"], 5, 30, 10_000)])
+        assert results[0].status == "fixpoint"
+        assert results[1].facts is None

@@ -16,6 +16,7 @@ The directory is `$SHARDPROOF_CACHE_DIR`, else `$XDG_CACHE_HOME/shardproof`, els
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -26,12 +27,13 @@ from typing import Protocol
 
 from .engine import Saturation
 from .rules import RULE_LIBRARY_VERSION
+from .sandbox import Job
 
 _KEPT = ("fixpoint", "iteration-limit")
 
 
 class Saturates(Protocol):
-    def saturate(self, commands: list[str], max_iterations: int, max_seconds: float, max_rows: int) -> Saturation: ...
+    def saturate_all(self, jobs: list[Job]) -> list[Saturation]: ...
 
 
 def cache_dir() -> Path | None:
@@ -64,16 +66,25 @@ def saturate(
     sandbox: Saturates, commands: list[str], max_iterations: int, max_seconds: float, max_rows: int
 ) -> tuple[Saturation, bool]:
     """The saturation of a unit, from the cache when it holds one; (result, whether it was cached)."""
-    path = _entry("units", unit_key(commands, max_iterations, max_rows))
-    if path is not None and path.is_file():
-        try:
-            return Saturation.from_dict(json.loads(path.read_text())), True
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged entry is computed again and replaced
-    result = sandbox.saturate(commands, max_iterations, max_seconds, max_rows)
-    if path is not None and result.status in _KEPT and result.facts is not None:
-        _write(path, json.dumps(result.to_dict()))
-    return result, False
+    return saturate_all(sandbox, [Job(commands, max_iterations, max_seconds, max_rows)])[0]
+
+
+def saturate_all(sandbox: Saturates, jobs: list[Job]) -> list[tuple[Saturation, bool]]:
+    """`saturate` for independent units: those the cache lacks are saturated at once."""
+    paths = [_entry("units", unit_key(job.commands, job.iterations, job.max_rows)) for job in jobs]
+    found: dict[int, Saturation] = {}
+    for index, path in enumerate(paths):
+        if path is not None and path.is_file():
+            # a damaged entry is computed again and replaced
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                found[index] = Saturation.from_dict(json.loads(path.read_text()))
+    missing = [index for index in range(len(jobs)) if index not in found]
+    computed = dict(zip(missing, sandbox.saturate_all([jobs[index] for index in missing]), strict=True))
+    for index, result in computed.items():
+        path = paths[index]
+        if path is not None and result.status in _KEPT and result.facts is not None:
+            _write(path, json.dumps(result.to_dict()))
+    return [(found[index], True) if index in found else (computed[index], False) for index in range(len(jobs))]
 
 
 def _write(path: Path, text: str) -> None:
@@ -100,10 +111,10 @@ def _egglog_version() -> str:
 _LIBRARIES = ("torch", "egglog", "transformers", "accelerate", "fairscale", "megatron-core", "llama-models")
 
 
-def result_key(declaration: str, world_size: int, memoize: bool) -> str:
+def result_key(declaration: str, world_size: int, mode: str) -> str:
     digest = hashlib.sha256()
     versions = [_version("shardproof"), RULE_LIBRARY_VERSION] + [_version(name) for name in _LIBRARIES]
-    for part in (declaration, str(world_size), str(memoize), *versions):
+    for part in (declaration, str(world_size), mode, *versions):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()

@@ -4,6 +4,10 @@ egglog aborts the whole process when an allocation fails, and a saturation canno
 interrupted from Python. Each unit therefore runs in a `python -m shardproof.verify.sandbox`
 child (address space capped with RLIMIT_AS, killed on timeout) that reads one JSON job per line
 and answers with one JSON line. Children are reused across units and replaced after a crash.
+
+Independent units (the templates and the skeleton of a memoized run, the parts of a partitioned
+one) are saturated at once by up to `workers` children, one core each; every child has the
+memory cap of its own.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from ..cores import default_workers
 from .engine import Saturation, saturate
 
 
@@ -33,6 +39,27 @@ def _limit_memory(megabytes: int) -> Any:
 
 class SandboxCrash(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit to saturate."""
+
+    commands: list[str]
+    iterations: int
+    seconds: float
+    max_rows: int
+
+    @property
+    def timeout(self) -> float:
+        """The wall-clock limit of the child: the saturation's own bound checks time only between
+        iterations, so one long iteration gets some slack before the child is killed."""
+        return self.seconds * 1.5 + 60
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"commands": self.commands, "iterations": self.iterations, "seconds": self.seconds, "rows": self.max_rows}
+        )
 
 
 class _Child:
@@ -57,33 +84,23 @@ class _Child:
         with contextlib.suppress(Exception):
             self.process.wait(timeout=5)
 
-    def request(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
+    def send(self, job: Job) -> None:
+        assert self.process.stdin is not None
         try:
-            self.process.stdin.write(json.dumps(job) + "\n")
+            self.process.stdin.write(job.to_json() + "\n")
             self.process.stdin.flush()
         except BrokenPipeError:
-            raise SandboxCrash(self._death()) from None
-        selector = selectors.DefaultSelector()
-        selector.register(self.process.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self.kill()
-                    raise TimeoutError
-                if selector.select(timeout=min(remaining, 1.0)):
-                    line = self.process.stdout.readline()
-                    if not line:
-                        raise SandboxCrash(self._death())
-                    return json.loads(line)
-                if not self.alive():
-                    raise SandboxCrash(self._death())
-        finally:
-            selector.close()
+            raise SandboxCrash(self.death()) from None
 
-    def _death(self) -> str:
+    def answer(self) -> dict[str, Any]:
+        """The answer line, once the child's stdout is readable."""
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SandboxCrash(self.death())
+        return json.loads(line)
+
+    def death(self) -> str:
         code = self.process.wait(timeout=5)
         stderr = ""
         if self.process.stderr is not None:
@@ -100,42 +117,120 @@ class _Child:
         return f"the saturation process exited with code {code}: {stderr.strip()[-500:]}"
 
 
-class Sandbox:
-    """A reusable child process for saturations."""
+@dataclass
+class _Running:
+    index: int
+    job: Job
+    started: float
 
-    def __init__(self, memory_mb: int = 8192) -> None:
+    @property
+    def deadline(self) -> float:
+        return self.started + self.job.timeout
+
+
+class Sandbox:
+    """Reusable child processes for saturations, up to `workers` of them at once."""
+
+    def __init__(self, memory_mb: int = 8192, workers: int | None = None) -> None:
         self.memory_mb = memory_mb
-        self._child: _Child | None = None
+        self.workers = max(1, workers or default_workers())
+        self._children: list[_Child] = []
+        self._generation = 0  # advanced by close(): a batch running then stops starting units
 
     def saturate(self, commands: list[str], iterations: int, seconds: float, max_rows: int) -> Saturation:
-        if self._child is None or not self._child.alive():
-            self._child = _Child(self.memory_mb)
-        job = {"commands": commands, "iterations": iterations, "seconds": seconds, "rows": max_rows}
-        start = time.perf_counter()
+        return self.saturate_all([Job(commands, iterations, seconds, max_rows)])[0]
+
+    def saturate_all(self, jobs: list[Job]) -> list[Saturation]:
+        """Saturate independent units at once; the results in the order of `jobs`. A unit whose
+        child crashes or runs out of time is a result (memory-limit, crashed, time-limit) and
+        does not disturb the others."""
+        results: list[Saturation | None] = [None] * len(jobs)
+        generation = self._generation
+        pending = list(enumerate(jobs))
+        idle = [child for child in self._children if child.alive()]
+        self._children = list(idle)
+        running: dict[int, tuple[_Child, _Running]] = {}  # stdout fd -> child and its job
+        selector = selectors.DefaultSelector()
         try:
-            return Saturation.from_dict(self._child.request(job, timeout=seconds * 1.5 + 60))
-        except TimeoutError:
-            self._child = None
-            return Saturation(
-                "time-limit",
-                0,
-                time.perf_counter() - start,
-                0,
-                f"the saturation did not finish within {seconds * 1.5 + 60:.0f} s and was stopped",
-            )
-        except SandboxCrash as exc:
-            self._child = None
-            return Saturation(
-                "memory-limit" if "memory" in str(exc) else "crashed", 0, time.perf_counter() - start, 0, str(exc)
-            )
+            while pending or running:
+                if self._generation != generation:  # closed from another thread (a cancelled job)
+                    for child, _ in running.values():
+                        self._retire(child)
+                    break
+                while pending and len(running) < self.workers:
+                    index, job = pending.pop(0)
+                    child = idle.pop() if idle else self._spawn()
+                    try:
+                        child.send(job)
+                    except SandboxCrash as exc:
+                        results[index] = self._crashed(child, exc, 0.0)
+                        continue
+                    assert child.process.stdout is not None
+                    fd = child.process.stdout.fileno()
+                    running[fd] = (child, _Running(index, job, time.perf_counter()))
+                    selector.register(fd, selectors.EVENT_READ)
+                if not running:
+                    continue
+                now = time.perf_counter()
+                wait = min(item.deadline for _, item in running.values()) - now
+                ready = {key.fd for key, _ in selector.select(timeout=max(0.0, min(wait, 1.0)))}
+                now = time.perf_counter()
+                for fd, (child, item) in list(running.items()):
+                    outcome: Saturation | None = None
+                    if fd in ready:
+                        try:
+                            outcome = Saturation.from_dict(child.answer())
+                            idle.append(child)
+                        except SandboxCrash as exc:
+                            outcome = self._crashed(child, exc, now - item.started)
+                    elif now >= item.deadline:
+                        self._retire(child)
+                        outcome = Saturation(
+                            "time-limit",
+                            0,
+                            now - item.started,
+                            0,
+                            f"the saturation did not finish within {item.job.timeout:.0f} s and was stopped",
+                        )
+                    elif not child.alive():
+                        outcome = self._crashed(child, SandboxCrash(child.death()), now - item.started)
+                    if outcome is not None:
+                        results[item.index] = outcome
+                        selector.unregister(fd)
+                        del running[fd]
+        except BaseException:
+            for child, _ in running.values():  # interrupted: no half-answered child is reused
+                self._retire(child)
+            raise
+        finally:
+            selector.close()
+        stopped = Saturation("crashed", 0, 0.0, 0, "the saturation was stopped")
+        return [result if result is not None else stopped for result in results]
+
+    def _spawn(self) -> _Child:
+        child = _Child(self.memory_mb)
+        self._children.append(child)
+        return child
+
+    def _retire(self, child: _Child) -> None:
+        child.kill()
+        if child in self._children:
+            self._children.remove(child)
+
+    def _crashed(self, child: _Child, exc: SandboxCrash, seconds: float) -> Saturation:
+        self._retire(child)
+        status = "memory-limit" if "memory" in str(exc) else "crashed"
+        return Saturation(status, 0, seconds, 0, str(exc))
 
     def close(self) -> None:
-        if self._child is not None:
-            if self._child.process.stdin:
+        """Stop every child (also from another thread: a running batch then ends)."""
+        self._generation += 1
+        for child in list(self._children):
+            if child.process.stdin:
                 with contextlib.suppress(Exception):
-                    self._child.process.stdin.close()
-            self._child.kill()
-            self._child = None
+                    child.process.stdin.close()
+            child.kill()
+        self._children = []
 
     def __enter__(self) -> Sandbox:
         return self

@@ -1,0 +1,248 @@
+"""Cut one world size's graphs at block boundaries into units that can be saturated at once.
+
+A model's blocks (`layers.0`, `layers.1`, ...) run one after the other, so the graphs of the
+reference and of every rank are cut into the same sequence of parts: what runs before the first
+block, then each block (with what runs between it and the next). A value that one part computes
+and a later part reads (the residual stream, the rotary table) crosses a cut. In the later part
+it becomes a placeholder whose relation to the reference is assumed: the rank's value equals the
+reference's when their shapes agree, or is the rank's block of the one dimension where they
+differ (sequence parallelism). The part that computes it must then prove exactly that relation
+(`Obligation`), and the last part must give the outputs the check expects.
+
+Assume-guarantee: when every part proves its obligations under its assumptions, the whole proof
+holds, because each assumption is an obligation proven upstream, on the same values. When any
+part fails, nothing is concluded from the parts: the caller verifies the world size whole, which
+gives the verdict and the location (so a partitioned run never reports anything a plain one
+would not). Values cross cuts in the order in which a part first reads them; a pairing that does
+not hold (another order on a rank) fails its obligation and falls back the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..graph.model import Graph, Node, Placeholder, TensorMeta
+from ..relations import expr as px
+from .relations_found import RelationIndex
+
+# The first numbered component of a module path names the block ("layers.3", "decoder.layers.3")
+_BLOCK = re.compile(r"^(.*?(?:^|\.)\d+)(?:\.|$)")
+CUT_PREFIX = "shardproof.cut"
+
+
+def block_of(node: Node) -> str | None:
+    match = _BLOCK.match(node.module_path)
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class Obligation:
+    """A value crossing a cut: what its producing part must prove about it."""
+
+    reference: str  # value id in the reference
+    ranks: tuple[str, ...]  # value id in each rank, in rank order
+    expected: tuple[tuple[int, int, int] | None, ...]  # per rank: None = equal, else (dim, start, end)
+
+
+@dataclass
+class Part:
+    """One verification unit of a partitioned world size."""
+
+    label: str  # the block it holds ("layers.3"), or "(before the first block)"
+    reference: Graph
+    reference_values: dict[str, px.Expr]
+    ranks: list[tuple[Graph, dict[str, px.Expr]]]
+    obligations: list[Obligation] = field(default_factory=list)
+    final: bool = False  # holds the programs' outputs
+
+
+def partition(
+    reference: Graph, reference_values: dict[str, px.Expr], ranks: list[tuple[Graph, dict[str, px.Expr]]]
+) -> list[Part] | None:
+    """The parts of one world size, or None when its programs cannot be cut alike (fewer than two
+    blocks, blocks in another order on some rank, values crossing cuts that do not pair up)."""
+    programs = [(reference, reference_values), *ranks]
+    cut = [_segments(graph) for graph, _ in programs]
+    labels = [label for label, _ in cut[0]]
+    if sum(label is not None for label in labels) < 2 or any([lb for lb, _ in c] != labels for c in cut[1:]):
+        return None
+    produced_in = [_producers(segments) for segments in cut]
+    metas = [_metas(graph) for graph, _ in programs]
+    uninitialized = [_uninitialized(graph) for graph, _ in programs]
+    # every output must come from the last part, which checks them
+    for (graph, _), where in zip(programs, produced_in, strict=True):
+        if any(where.get(value) != len(labels) - 1 for value in graph.outputs):
+            return None
+    parts: list[Part] = []
+    for index, label in enumerate(labels):
+        crossing = [
+            _read_from_before(segments[index][1], where, index)
+            for segments, where in zip(cut, produced_in, strict=True)
+        ]
+        if len({len(values) for values in crossing}) != 1:
+            return None
+        assumed: list[list[tuple[str, px.Expr]]] = [[] for _ in programs]
+        for position, values in enumerate(zip(*crossing, strict=True)):
+            if all(value in own for own, value in zip(uninitialized, values, strict=True)):
+                # a buffer reused without being read (Megatron's global memory buffer): nothing
+                # is assumed about it, and nothing needs proving
+                for program, ((graph, _), value) in enumerate(zip(programs, values, strict=True)):
+                    meta = metas[program][value]
+                    reason = f"uninitialized {graph.name}/{value}"
+                    assumed[program].append(
+                        (
+                            f"{CUT_PREFIX}.{index}.{position}",
+                            px.Fresh(reason=reason, shape=meta.shape, dtype=meta.dtype),
+                        )
+                    )
+                continue
+            pairing = _pair(programs, metas, values, index, position)
+            if pairing is None:
+                return None
+            obligation, per_program = pairing
+            sources = {where[value] for where, value in zip(produced_in, values, strict=True)}
+            if len(sources) != 1:
+                return None  # computed in different parts by different programs
+            parts_before = parts[sources.pop()]
+            parts_before.obligations.append(obligation)
+            for program, entry in enumerate(per_program):
+                assumed[program].append(entry)
+        graphs = [
+            _part_graph(graph, own, values, segments[index][1], crossing_values, entries, index == len(labels) - 1)
+            for (graph, values), own, segments, crossing_values, entries in zip(
+                programs, metas, cut, crossing, assumed, strict=True
+            )
+        ]
+        parts.append(
+            Part(
+                label or "(before the first block)",
+                graphs[0][0],
+                graphs[0][1],
+                graphs[1:],
+                final=index == len(labels) - 1,
+            )
+        )
+    return parts
+
+
+def proven(part: Part, index: RelationIndex) -> bool:
+    """Whether the saturation of `part` proves every obligation of its crossing values."""
+    for obligation in part.obligations:
+        for rank, (value, expected) in enumerate(zip(obligation.ranks, obligation.expected, strict=True)):
+            relations = index.relations(obligation.reference, rank)
+            if expected is None:
+                ok = any(rel.kind == "equal" and value in values for rel, values in relations)
+            else:
+                dim, start, end = expected
+                ok = any(
+                    rel.kind == "sel" and rel.dim == dim and rel.ranges == ((start, end),) and value in values
+                    for rel, values in relations
+                )
+            if not ok:
+                return False
+    return True
+
+
+def _segments(graph: Graph) -> list[tuple[str | None, list[Node]]]:
+    """Runs of nodes by block; nodes outside any block join the run before them."""
+    segments: list[tuple[str | None, list[Node]]] = []
+    for node in graph.nodes:
+        block = block_of(node)
+        if not segments or (block is not None and block != segments[-1][0]):
+            segments.append((block, [node]))
+        else:
+            segments[-1][1].append(node)
+    return segments
+
+
+def _producers(segments: list[tuple[str | None, list[Node]]]) -> dict[str, int]:
+    return {node.id: index for index, (_, nodes) in enumerate(segments) for node in nodes}
+
+
+def _read_from_before(nodes: list[Node], produced_in: dict[str, int], index: int) -> list[str]:
+    """Values computed by earlier parts that these nodes read, in the order first read."""
+    seen: dict[str, None] = {}
+    for node in nodes:
+        for value in node.inputs:
+            if produced_in.get(value, index) < index:
+                seen.setdefault(value)
+    return list(seen)
+
+
+def _metas(graph: Graph) -> dict[str, TensorMeta]:
+    return {node.id: node.meta for node in graph.nodes}
+
+
+def _uninitialized(graph: Graph) -> set[str]:
+    return {node.id for node in graph.nodes if node.op == "uninitialized"}
+
+
+def _pair(
+    programs: list[tuple[Graph, dict[str, px.Expr]]],
+    program_metas: list[dict[str, TensorMeta]],
+    values: tuple[str, ...],
+    part: int,
+    position: int,
+) -> tuple[Obligation, list[tuple[str, px.Expr]]] | None:
+    """The assumed relation of one crossing value in every program, from the shapes."""
+    metas = [own[value] for own, value in zip(program_metas, values, strict=True)]
+    reference_meta = metas[0]
+    target = f"{CUT_PREFIX}.{part}.{position}"
+    whole = px.ParamRef(name=target, shape=reference_meta.shape, dtype=reference_meta.dtype)
+    entries: list[tuple[str, px.Expr]] = [(target, whole)]
+    expected: list[tuple[int, int, int] | None] = []
+    for (graph, _), meta in zip(programs[1:], metas[1:], strict=True):
+        if meta.dtype != reference_meta.dtype or meta.ndim != reference_meta.ndim:
+            return None
+        differing = [d for d, (a, b) in enumerate(zip(reference_meta.shape, meta.shape, strict=True)) if a != b]
+        if not differing:
+            entries.append((target, whole))
+            expected.append(None)
+            continue
+        if len(differing) != 1:
+            return None
+        dim = differing[0]
+        full, own = reference_meta.shape[dim], meta.shape[dim]
+        if own == 0 or full % own or graph.rank is None:
+            return None
+        start = (graph.rank % (full // own)) * own
+        negative = dim - meta.ndim
+        entries.append(
+            (
+                target,
+                px.SliceOf(
+                    source=whole, dim=negative, start=start, end=start + own, shape=meta.shape, dtype=meta.dtype
+                ),
+            )
+        )
+        expected.append((negative, start, start + own))
+    return Obligation(values[0], tuple(values[1:]), tuple(expected)), entries
+
+
+def _part_graph(
+    graph: Graph,
+    metas: dict[str, TensorMeta],
+    values: dict[str, px.Expr],
+    nodes: list[Node],
+    crossing: list[str],
+    assumed: list[tuple[str, px.Expr]],
+    final: bool,
+) -> tuple[Graph, dict[str, px.Expr]]:
+    read = {value for node in nodes for value in node.inputs}
+    placeholders = [p for p in graph.placeholders if p.id in read]
+    own_values = dict(values)
+    for value, (target, expr) in zip(crossing, assumed, strict=True):
+        placeholders.append(Placeholder(value, "buffer", target, metas[value]))
+        own_values[target] = expr
+    part = Graph(
+        graph.name,
+        graph.rank,
+        graph.world_size,
+        placeholders,
+        list(nodes),
+        list(graph.outputs) if final else [],
+        graph.source_files,
+        graph.plan_entries,
+    )
+    return part, own_values
