@@ -361,3 +361,35 @@ def test_a_partial_sum_crossing_a_block_boundary_is_verified_whole(tmp_path: Pat
     assert parts.verdict == whole.verdict == "verified", parts.summary
     assert "verification in parts" in parts.seconds and "parts" not in parts.stats
 
+
+@pytest.mark.parametrize("memoized", [False, True])
+def test_ranks_captured_in_parallel_are_those_captured_one_after_another(
+    memoized: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardproof.capture.memoized import capture_memoized
+    from shardproof.capture.program import CheckCapture
+
+    project = load_project(EXAMPLES / "llama")
+    check = project.check("llama-sp" if not memoized else "llama-tp")
+
+    reported: list[str] = []
+
+    def graphs(jobs: str) -> list:
+        monkeypatch.setenv("SHARDPROOF_JOBS", jobs)
+        capture = CheckCapture(check, project, progress=reported.append)
+        if memoized:
+            pieces = capture_memoized(capture, 4).ranks
+            programs = [(p.skeleton, p.values) for p in pieces] + [
+                (graph, p.values) for p in pieces for graph in p.templates.values()
+            ]
+        else:
+            programs = [(r.graph, r.values) for r in capture.capture(4).ranks]
+        return [
+            (graph.name, [(n.id, n.op, n.inputs, n.attrs, n.meta, n.site, n.collective) for n in graph.nodes], values)
+            for graph, values in programs
+        ]
+
+    assert graphs("2") == graphs("1")
+    # with two processes, this one captured ranks 0 and 2 and the other process ranks 1 and 3
+    ranks_here = [message.split(" of ")[0] for message in reported if message.startswith("capturing rank")]
+    assert ranks_here == ["capturing rank 0", "capturing rank 2"] + [f"capturing rank {r}" for r in range(4)]

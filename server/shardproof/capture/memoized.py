@@ -12,17 +12,20 @@ for all its instances.
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..cores import default_workers
 from ..graph.model import Graph
 from ..relations.expr import Expr
 from . import blocks, dtensor
 from .fake_pg import fake_rank, group_ranks
+from .forked import map_ranks
 from .normalize import to_graph
 from .program import CheckCapture, _build_reference, _export, _to_meta, import_roots
 from .provenance import ProvenanceTracker
@@ -36,6 +39,12 @@ class ProgramPieces:
     values: dict[str, Expr]
     instances: list[blocks.BlockInstance]
     templates: dict[str, Graph] = field(default_factory=dict)  # template path -> its graph
+
+    def without_modules(self) -> ProgramPieces:
+        """The pieces with only what verification reads of the block instances (paths and
+        templates, not their modules and meta arguments): what a forked capture sends back."""
+        instances = [replace(i, module=None, args=(), kwargs={}, output_spec=None) for i in self.instances]
+        return ProgramPieces(self.skeleton, self.values, instances, self.templates)
 
 
 @dataclass
@@ -76,14 +85,23 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
             reference = _pieces(module, reference_values, meta_inputs, "reference", None, 1, None)
             capture.memoized_reference = (reference, meta_inputs)
         reference, meta_inputs = capture.memoized_reference
-        ranks: list[ProgramPieces] = []
-        for rank in range(world_size):
-            capture.progress(f"capturing rank {rank} of {world_size} (blocks once)")
+        parent = os.getpid()
+
+        def capture_rank(rank: int) -> ProgramPieces | None:
+            """The rank's pieces, or None when it uses DTensor (not memoizable)."""
+            if os.getpid() == parent:  # a forked child must not write to this process's channels
+                capture.progress(f"capturing rank {rank} of {world_size} (blocks once)")
             with fake_rank(rank, world_size):
                 parallel, values, _ = capture.build_rank(rank, world_size)
                 if dtensor.uses_dtensor(parallel):
-                    raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
-                ranks.append(_pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks))
+                    return None
+                pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks)
+            return pieces.without_modules()
+
+        captured = map_ranks(capture_rank, world_size, default_workers())
+    if any(pieces is None for pieces in captured):
+        raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
+    ranks = [pieces for pieces in captured if pieces is not None]
     units = _units(reference, ranks)
     for program in [reference, *ranks]:
         for graph in [program.skeleton, *program.templates.values()]:

@@ -13,6 +13,7 @@ import importlib
 import io
 import logging
 import operator
+import os
 import sys
 import time
 import warnings
@@ -26,12 +27,14 @@ import torch
 from torch import nn
 
 from ..config import Check, Project, declared_blocks, declared_dim, declared_shard, same_code_sharded_dim
+from ..cores import default_workers
 from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Frame, Graph
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
 from . import dtensor
 from .blocks import tensor_attributes
 from .fake_pg import fake_rank, group_ranks
+from .forked import map_ranks
 from .frames import exact_stack_traces
 from .normalize import dtype_name, to_graph
 from .provenance import ProvenanceTracker
@@ -513,20 +516,25 @@ class CheckCapture:
     def capture(self, world_size: int) -> CaptureResult:
         reference = self.reference()
         meta_inputs = _to_meta(reference.inputs)
-        ranks: list[RankCapture] = []
         start = time.perf_counter()
-        with import_roots(self.project.python_path):
-            for rank in range(world_size):
+        parent = os.getpid()
+
+        def capture_rank(rank: int) -> tuple[RankCapture, bool]:
+            if os.getpid() == parent:  # a forked child must not write to this process's channels
                 self.progress(f"capturing rank {rank} of {world_size}")
-                with fake_rank(rank, world_size):
-                    module, values, applied_styles = self.build_rank(rank, world_size, reference.values)
-                    if dtensor.uses_dtensor(module):
-                        self._decompose_reference_like_dtensor(reference)
-                    plan = dtensor.plan_entries(module, applied_styles)
-                    program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
-                    graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
-                    graph.plan_entries = plan
-                ranks.append(RankCapture(rank, graph, values))
+            with fake_rank(rank, world_size):
+                module, values, applied_styles = self.build_rank(rank, world_size, reference.values)
+                plan = dtensor.plan_entries(module, applied_styles)
+                program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
+                graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
+                graph.plan_entries = plan
+            return RankCapture(rank, graph, values), dtensor.uses_dtensor(module)
+
+        with import_roots(self.project.python_path):
+            captured = map_ranks(capture_rank, world_size, default_workers())
+        if any(uses_dtensor for _, uses_dtensor in captured):
+            self._decompose_reference_like_dtensor(reference)
+        ranks = [rank for rank, _ in captured]
         elapsed = time.perf_counter() - start
         return CaptureResult(reference, ranks, world_size, {"reference": reference.seconds, "ranks": elapsed})
 

@@ -1,0 +1,48 @@
+"""Ranks captured in forked processes come back as if captured one after another here."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shardproof.capture.forked import map_ranks
+
+
+def test_ranks_come_back_in_order_from_every_process() -> None:
+    results = map_ranks(lambda rank: (rank, os.getpid()), 5, 2)
+    assert [rank for rank, _ in results] == [0, 1, 2, 3, 4]
+    assert len({pid for _, pid in results}) == 2
+    assert {pid for rank, pid in results if rank % 2 == 0} == {os.getpid()}
+
+
+def test_the_first_error_in_rank_order_is_raised_whoever_met_it() -> None:
+    def capture(rank: int) -> int:
+        if rank in (1, 2):  # rank 1 fails in the child, rank 2 here
+            raise ValueError(f"rank {rank} cannot be built")
+        return rank
+
+    with pytest.raises(ValueError, match="rank 1 cannot be built"):
+        map_ranks(capture, 4, 2)
+
+
+def test_a_rank_a_child_cannot_send_back_is_captured_here() -> None:
+    parent = os.getpid()
+
+    def capture(rank: int) -> object:
+        if os.getpid() != parent:
+            return lambda: rank  # does not pickle
+        return rank
+
+    assert map_ranks(capture, 3, 2) == [0, 1, 2]
+
+
+def test_a_child_that_dies_costs_only_time() -> None:
+    parent = os.getpid()
+
+    def capture(rank: int) -> int:
+        if os.getpid() != parent:
+            os._exit(3)
+        return rank * 10
+
+    assert map_ranks(capture, 4, 2) == [0, 10, 20, 30]
