@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         metavar="N",
-        help="saturate up to N verification units at once (default: one per core, or $SHARDPROOF_JOBS)",
+        help="capture up to N ranks and saturate up to N verification units at once (default: one per core, "
+        "or $SHARDPROOF_JOBS)",
     )
     verify.add_argument("--json", action="store_true", help="print the results as JSON")
     verify.add_argument("--sarif", type=Path, metavar="FILE", help="also write SARIF 2.1.0 to FILE")
@@ -120,13 +121,15 @@ def verify(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("shardproof: error: --jobs must be positive", file=sys.stderr)
         return 2
+    if args.jobs is not None:
+        os.environ["SHARDPROOF_JOBS"] = str(args.jobs)  # read by the capture and the sandbox alike
     progress = Progress(sys.stderr, enabled=sys.stderr.isatty() and not args.json)
     results: list[CheckResult] = []
     memory = max(c.bounds.memory_mb for c in checks)
     try:
         # stdout carries the report (JSON with --json); what the user's code or its libraries print
         # while being built (fairscale announces its groups) goes to stderr.
-        with Sandbox(memory, args.jobs) as sandbox, contextlib.redirect_stdout(sys.stderr):
+        with Sandbox(memory) as sandbox, contextlib.redirect_stdout(sys.stderr):
             for check in checks:
                 progress(check.name, 0, "starting")
                 results.append(

@@ -92,3 +92,17 @@ def test_json_carries_the_numeric_witness(tmp_path: Path) -> None:
     assert witness["at_module"]["where"] == "layers.0.attention.wo"
     assert witness["at_module"]["max_rel"] > witness["tolerance"]  # the duplicated reduction doubles it
     assert "witness" in world_size["seconds"]
+
+
+def test_one_process_at_a_time_gives_the_same_results(example_root: Path) -> None:
+    def outcome(*flags: str) -> list[tuple]:
+        run = shardproof("verify", "--json", "--check", "llama-sp", "--world-size", "4", *flags, cwd=example_root)
+        assert run.returncode == 0, run.stderr
+        (check,) = json.loads(run.stdout)["checks"]
+        return [(w["verdict"], w["summary"], w["stats"].get("parts")) for w in check["world_sizes"]]
+
+    parallel = outcome()
+    assert outcome("--jobs", "1") == parallel and [(verdict, parts) for verdict, _, parts in parallel] == [
+        ("verified", 3)
+    ]
+    assert shardproof("verify", "--jobs", "0", cwd=example_root).returncode == 2
