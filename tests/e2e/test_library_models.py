@@ -50,8 +50,8 @@ def test_library_model_is_verified_against_itself_at_world_size_1(example: str, 
     ]
     for r in result.results:
         assert [o.relation for o in r.outputs] == ["replicated"]
-        # verified in parts at once: before the first layer, and each of the two layers
-        assert r.stats.get("parts") == 3, r.stats
+        # verified in parts at once: before the first layer, and each layer (or its sub-modules)
+        assert r.stats.get("parts", 0) >= 3, r.stats
         # Cross-check: proven equal, so numerically equal too (float64, random weights, every input trial).
         numbers = compare_numerically(check, project, r.world_size)
         assert not numbers.differs, (
@@ -83,7 +83,7 @@ def test_dtensor_plan_is_verified_against_the_plain_model(example: str, name: st
         r.summary for r in result.results
     ]
     for r in result.results:
-        assert r.stats.get("parts") == 3, r.stats  # verified in parts at once
+        assert r.stats.get("parts", 0) >= 3, r.stats  # verified in parts at once
         numbers = compare_numerically(check, project, r.world_size)
         assert not numbers.differs, numbers.to_dict()
         assert numbers.outputs and all(o.max_rel <= numeric.RELATIVE_TOLERANCE for o in numbers.outputs)

@@ -47,8 +47,9 @@ def test_memoized_and_plain_runs_agree_on_the_example(check: str, sandbox) -> No
         project.check(check), project, [2], sandbox, numeric_witness=False, memoize=False, partition=False
     )
     assert _outcome(memoized) == _outcome(plain) == _outcome(whole)
-    # every layer traced, verified as three parts at once: before the first block, and each block
-    assert plain.results[0].stats["parts"] == 3 and "parts" not in whole.results[0].stats
+    # every layer traced, verified as five parts at once: before the first block, and the
+    # attention and the MLP of each block
+    assert plain.results[0].stats["parts"] == 5 and "parts" not in whole.results[0].stats
 
 
 @pytest.mark.parametrize("name", [v.name for v in bug_variants.VARIANTS])

@@ -75,3 +75,22 @@ def test_a_value_with_no_block_layout_of_the_reference_is_not_cut() -> None:
     reference = _graph("reference", None, _model((4, 8)))
     odd = [(_graph(f"rank{r}", r, _model((3, 8))), {}) for r in range(2)]  # 3 does not divide 4
     assert partition(reference, {}, odd) is None
+
+
+def test_a_large_block_is_cut_again_at_its_sub_modules(monkeypatch) -> None:
+    from shardproof.verify import partition as module
+
+    monkeypatch.setattr(module, "SPLIT_ABOVE", 1)
+    monkeypatch.setattr(module, "SMALLEST_PART", 1)
+    reference = _graph("reference", None, _model((4, 8)))
+    ranks = [(_graph(f"rank{r}", r, _model((4, 8))), {}) for r in range(2)]
+    parts = partition(reference, {}, ranks)
+    assert parts is not None
+    # layer 0 runs in its attention and its MLP; layer 1 has one sub-module and stays whole
+    assert [p.label for p in parts] == [
+        "(before the first block)",
+        "layers.0.attention",
+        "layers.0.feed_forward",
+        "layers.1",
+    ]
+    assert [o.reference for o in parts[1].obligations] == ["attn0"]  # the attention's output, read by the MLP

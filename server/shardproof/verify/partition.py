@@ -2,11 +2,13 @@
 
 A model's blocks (`layers.0`, `layers.1`, ...) run one after the other, so the graphs of the
 reference and of every rank are cut into the same sequence of parts: what runs before the first
-block, then each block (with what runs between it and the next). A value that one part computes
-and a later part reads (the residual stream, the rotary table) crosses a cut. In the later part
-it becomes a placeholder whose relation to the reference is assumed: the rank's value equals the
-reference's when their shapes agree, or is the rank's block of the one dimension where they
-differ (sequence parallelism). The part that computes it must then prove exactly that relation
+block, then each block (with what runs between it and the next). A block of more than
+`SPLIT_ABOVE` nodes is cut again at its sub-modules (the attention, the MLP), whose outputs in
+tensor-parallel code come from a collective. A value that one part computes and a later part
+reads (the residual stream, the rotary table) crosses a cut. In the later part it becomes a
+placeholder whose relation to the reference is assumed: the rank's value equals the reference's
+when their shapes agree, or is the rank's block of the one dimension where they differ
+(sequence parallelism). The part that computes it must then prove exactly that relation
 (`Obligation`), and the last part must give the outputs the check expects.
 
 Assume-guarantee: when every part proves its obligations under its assumptions, the whole proof
@@ -20,6 +22,7 @@ not hold (another order on a rank) fails its obligation and falls back the same 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..graph.model import Graph, Node, Placeholder, TensorMeta
@@ -29,6 +32,11 @@ from .relations_found import RelationIndex
 # The first numbered component of a module path names the block ("layers.3", "decoder.layers.3")
 _BLOCK = re.compile(r"^(.*?(?:^|\.)\d+)(?:\.|$)")
 CUT_PREFIX = "shardproof.cut"
+# A block with more reference nodes than this is cut again at its sub-modules (a Llama layer
+# has about 50; its attention and MLP parts then saturate at once, the largest e-graph at TP=8
+# with sequence parallelism shrinks from 17.5k to 10k rows)
+SPLIT_ABOVE = 40
+SMALLEST_PART = 12
 
 
 def block_of(node: Node) -> str | None:
@@ -63,10 +71,12 @@ def partition(
     """The parts of one world size, or None when its programs cannot be cut alike (fewer than two
     blocks, blocks in another order on some rank, values crossing cuts that do not pair up)."""
     programs = [(reference, reference_values), *ranks]
-    cut = [_segments(graph) for graph, _ in programs]
+    cut = [_segments(graph.nodes, block_of) for graph, _ in programs]
     labels = [label for label, _ in cut[0]]
     if sum(label is not None for label in labels) < 2 or any([lb for lb, _ in c] != labels for c in cut[1:]):
         return None
+    cut = _split_large_blocks(cut)
+    labels = [label for label, _ in cut[0]]
     produced_in = [_producers(segments) for segments in cut]
     metas = [_metas(graph) for graph, _ in programs]
     uninitialized = [_uninitialized(graph) for graph, _ in programs]
@@ -144,11 +154,58 @@ def proven(part: Part, index: RelationIndex) -> bool:
     return True
 
 
-def _segments(graph: Graph) -> list[tuple[str | None, list[Node]]]:
-    """Runs of nodes by block; nodes outside any block join the run before them."""
-    segments: list[tuple[str | None, list[Node]]] = []
-    for node in graph.nodes:
-        block = block_of(node)
+Segments = list[tuple[str | None, list[Node]]]
+
+
+def _split_large_blocks(cut: list[Segments]) -> list[Segments]:
+    """Cut every block of more than `SPLIT_ABOVE` reference nodes again at its sub-modules (the
+    attention, the MLP): in tensor-parallel code their outputs come from a collective, whole or
+    sequence-sharded, so they cross a cut like a block's output. Sub-modules of fewer than
+    `SMALLEST_PART` reference nodes (a norm) join the next one. A block is split only when it
+    splits alike in every program."""
+    refined: list[Segments] = [[] for _ in cut]
+    for index, (label, nodes) in enumerate(cut[0]):
+        groups = None
+        if label is not None and len(nodes) > SPLIT_ABOVE:
+            pieces = [_segments(own[index][1], lambda node, block=label: _sub_module(node, block)) for own in cut]
+            if all([lb for lb, _ in own] == [lb for lb, _ in pieces[0]] for own in pieces[1:]):
+                groups = _grouped([len(piece) for _, piece in pieces[0]])
+        for program, segments in enumerate(cut):
+            if groups is None or len(groups) < 2:
+                refined[program].append(segments[index])
+                continue
+            own = pieces[program]
+            for group in groups:
+                first = next((own[i][0] for i in group if own[i][0] is not None), label)
+                refined[program].append((first, [node for i in group for node in own[i][1]]))
+    return refined
+
+
+def _grouped(sizes: list[int]) -> list[list[int]]:
+    """Consecutive indices grouped so that each group but the last has `SMALLEST_PART` nodes."""
+    groups: list[list[int]] = [[]]
+    total = 0
+    for index, size in enumerate(sizes):
+        groups[-1].append(index)
+        total += size
+        if total >= SMALLEST_PART and index < len(sizes) - 1:
+            groups.append([])
+            total = 0
+    return groups
+
+
+def _sub_module(node: Node, block: str) -> str | None:
+    """The child of `block` a node runs in ("layers.3.attention"), None for the block's own code."""
+    if not node.module_path.startswith(block + "."):
+        return None
+    return block + "." + node.module_path[len(block) + 1 :].split(".", 1)[0]
+
+
+def _segments(nodes: list[Node], key: Callable[[Node], str | None]) -> Segments:
+    """Runs of nodes by `key`; nodes without one join the run before them."""
+    segments: Segments = []
+    for node in nodes:
+        block = key(node)
         if not segments or (block is not None and block != segments[-1][0]):
             segments.append((block, [node]))
         else:
