@@ -103,6 +103,6 @@ def test_one_process_at_a_time_gives_the_same_results(example_root: Path) -> Non
 
     parallel = outcome()
     assert outcome("--jobs", "1") == parallel and [(verdict, parts) for verdict, _, parts in parallel] == [
-        ("verified", 3)
+        ("verified", 5)
     ]
     assert shardproof("verify", "--jobs", "0", cwd=example_root).returncode == 2
