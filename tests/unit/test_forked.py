@@ -46,3 +46,22 @@ def test_a_child_that_dies_costs_only_time() -> None:
         return rank * 10
 
     assert map_ranks(capture, 4, 2) == [0, 10, 20, 30]
+
+
+def test_what_rank_0_rules_out_stops_every_process_at_once() -> None:
+    import time
+
+    def capture(rank: int) -> int:
+        if rank:
+            time.sleep(30)  # the other process would take long
+        return rank
+
+    def check_first(result: int) -> None:
+        raise LookupError(f"rank {result} rules it out")
+
+    start = time.perf_counter()
+    with pytest.raises(LookupError, match="rank 0 rules it out"):
+        map_ranks(capture, 4, 2, check_first)
+    assert time.perf_counter() - start < 10
+    with pytest.raises(LookupError):
+        map_ranks(capture, 1, 1, check_first)

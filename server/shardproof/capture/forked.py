@@ -25,13 +25,23 @@ T = TypeVar("T")
 _FAILED = object()
 
 
-def map_ranks(capture_one: Callable[[int], T], world_size: int, workers: int) -> list[T]:
+def map_ranks(
+    capture_one: Callable[[int], T],
+    world_size: int,
+    workers: int,
+    check_first: Callable[[T], None] | None = None,
+) -> list[T]:
     """[capture_one(rank) for rank in range(world_size)], the ranks shared among `workers`
     processes. `capture_one` must not change state this process relies on later (children's
-    changes are lost); what it returns must pickle."""
+    changes are lost); what it returns must pickle. `check_first` sees rank 0's result as soon as
+    it is captured: what it raises stops every process and is raised at once (a capture that
+    rank 0 already shows to be of no use is not finished for the other ranks)."""
     workers = min(workers, world_size)
+    check = check_first or (lambda _result: None)
     if workers <= 1 or not hasattr(os, "fork"):
-        return [capture_one(rank) for rank in range(world_size)]
+        first = capture_one(0)
+        check(first)
+        return [first] + [capture_one(rank) for rank in range(1, world_size)]
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()  # else the children would write this process's buffered output again
@@ -55,6 +65,8 @@ def map_ranks(capture_one: Callable[[int], T], world_size: int, workers: int) ->
             except Exception as exc:  # noqa: BLE001 - raised below, in rank order
                 own_error = (rank, exc)
                 break
+            if rank == 0:
+                check(results[0])  # type: ignore[arg-type]
         for pid, read_end, ranks in children:
             collected.add(pid)
             results.update(_collect(pid, read_end, ranks))

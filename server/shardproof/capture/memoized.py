@@ -98,7 +98,14 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
                 pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks)
             return pieces.without_modules()
 
-        captured = map_ranks(capture_rank, world_size, default_workers())
+        def check_first(pieces: ProgramPieces | None) -> None:
+            # rank 0 shows what rules out memoization for every rank (blocks entered
+            # sequence-sharded, DTensor): known before the other ranks are captured
+            if pieces is None:
+                raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
+            _units(reference, [pieces])
+
+        captured = map_ranks(capture_rank, world_size, default_workers(), check_first)
     if any(pieces is None for pieces in captured):
         raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
     ranks = [pieces for pieces in captured if pieces is not None]
