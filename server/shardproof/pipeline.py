@@ -19,7 +19,7 @@ from .verify.cache import cached_result, result_key, store_result
 from .verify.cache import saturate as saturate_cached
 from .verify.cache import saturate_all as saturate_all_cached
 from .verify.encode import encode_unit
-from .verify.partition import Part, partition, proven
+from .verify.partition import partition, proven
 from .verify.relations_found import RelationIndex
 from .verify.sandbox import Job, Sandbox
 from .verify.verdict import output_relations
@@ -304,24 +304,12 @@ def verify_memoized(
     start = time.perf_counter()
     units = [(unit.reference, unit.reference_values, unit.ranks) for unit in captured.units]
     skeletons = [(p.skeleton, p.values) for p in captured.ranks]
-    # the skeleton (one opaque call per block) in as many parts as there are processes, so that
-    # loading it into egglog, which grows with the layers, is shared too
-    reference = captured.reference
-    parts = partition(reference.skeleton, reference.values, skeletons, at_most=sandbox.workers)
-    if parts is None or len(parts) < 2:
-        parts = [Part("skeleton", reference.skeleton, reference.values, skeletons, final=True)]
-    units += [(part.reference, part.reference_values, part.ranks) for part in parts]
+    units.append((captured.reference.skeleton, captured.reference.values, skeletons))
     proofs = prove_units(sandbox, check, units)
-    for proof in proofs[: len(captured.units)]:
+    for proof in proofs[:-1]:
         if proof.outputs("replicated") is None:
             return None
-    outputs: list[OutputRelation] | None = None
-    for part, proof in zip(parts, proofs[len(captured.units) :], strict=True):
-        index = proof.index
-        if index is None or not proven(part, index):
-            return None
-        if part.final:
-            outputs = proof.outputs(check.outputs)
+    outputs = proofs[-1].outputs(check.outputs)
     if outputs is None:
         return None
     seconds["verification"] = time.perf_counter() - start

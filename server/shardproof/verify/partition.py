@@ -66,21 +66,16 @@ class Part:
 
 
 def partition(
-    reference: Graph,
-    reference_values: dict[str, px.Expr],
-    ranks: list[tuple[Graph, dict[str, px.Expr]]],
-    at_most: int | None = None,
+    reference: Graph, reference_values: dict[str, px.Expr], ranks: list[tuple[Graph, dict[str, px.Expr]]]
 ) -> list[Part] | None:
     """The parts of one world size, or None when its programs cannot be cut alike (fewer than two
-    blocks, blocks in another order on some rank, values crossing cuts that do not pair up).
-    With `at_most`, consecutive blocks are joined into that many parts of about equal size (a
-    memoized run's skeleton: one opaque call per block, too small a unit each)."""
+    blocks, blocks in another order on some rank, values crossing cuts that do not pair up)."""
     programs = [(reference, reference_values), *ranks]
     cut = [_segments(graph.nodes, block_of) for graph, _ in programs]
     labels = [label for label, _ in cut[0]]
     if sum(label is not None for label in labels) < 2 or any([lb for lb, _ in c] != labels for c in cut[1:]):
         return None
-    cut = _split_large_blocks(cut) if at_most is None else _joined(cut, at_most)
+    cut = _split_large_blocks(cut)
     labels = [label for label, _ in cut[0]]
     produced_in = [_producers(segments) for segments in cut]
     metas = [_metas(graph) for graph, _ in programs]
@@ -197,26 +192,6 @@ def _grouped(sizes: list[int]) -> list[list[int]]:
             groups.append([])
             total = 0
     return groups
-
-
-def _joined(cut: list[Segments], parts: int) -> list[Segments]:
-    """Consecutive segments joined into `parts` runs of about equal reference size."""
-    sizes = [len(nodes) for _, nodes in cut[0]]
-    share = sum(sizes) / max(1, parts)
-    groups: list[list[int]] = [[]]
-    total = 0
-    for index, size in enumerate(sizes):
-        if groups[-1] and total + size / 2 > share * len(groups) and len(groups) < parts:
-            groups.append([])
-        groups[-1].append(index)
-        total += size
-    return [
-        [
-            (next((segments[i][0] for i in group if segments[i][0]), None), [n for i in group for n in segments[i][1]])
-            for group in groups
-        ]
-        for segments in cut
-    ]
 
 
 def _sub_module(node: Node, block: str) -> str | None:
