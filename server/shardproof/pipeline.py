@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from .config import Check, Project
@@ -205,7 +206,7 @@ def verify_world_size(
     outputs, failing = output_relations(index, captured.reference.graph, ranks, check.outputs)
     result = WorldSizeResult(world_size, "verified", outputs=outputs, seconds=seconds, stats=stats)
     if not failing and not unit.issues:
-        result.summary = "; ".join(f"output {o.index}: {o.description}" for o in outputs)
+        result.summary = _summary(outputs)
         seconds["localization"] = time.perf_counter() - start
         return result
     if not saturation.complete:
@@ -240,6 +241,10 @@ def verify_world_size(
     return result
 
 
+def _summary(outputs: list[OutputRelation]) -> str:
+    return "; ".join(f"output {o.index}: {o.description}" for o in outputs)
+
+
 def _verify_partitioned(
     captured: CaptureResult,
     check: Check,
@@ -257,26 +262,22 @@ def _verify_partitioned(
         return None
     progress(check.name, world_size, "verification")
     proofs = prove_units(sandbox, check, [(part.reference, part.reference_values, part.ranks) for part in parts])
-    outputs: list[OutputRelation] | None = None
-    for part, proof in zip(parts, proofs, strict=True):
-        index = proof.index
-        if index is None or not proven(part, index):
-            seconds["verification in parts"] = time.perf_counter() - start
-            return None
-        if part.final:
-            outputs = proof.outputs(check.outputs)
-            if outputs is None:
-                seconds["verification in parts"] = time.perf_counter() - start
-                return None
-    assert outputs is not None  # partition() puts the outputs in the last part
+    proven_parts = all(
+        proof.index is not None and proven(part, proof.index) for part, proof in zip(parts, proofs, strict=True)
+    )
+    outputs = proofs[-1].outputs(check.outputs) if proven_parts else None  # the last part holds the outputs
+    if outputs is None:
+        seconds["verification in parts"] = time.perf_counter() - start
+        return None
     seconds = seconds | {"verification": time.perf_counter() - start}
     stats = {
         "reference_nodes": len(captured.reference.graph.nodes),
         "rank_nodes": sum(len(r.graph.nodes) for r in captured.ranks),
         "parts": len(parts),
     } | unit_stats(proofs)
-    summary = "; ".join(f"output {o.index}: {o.description}" for o in outputs)
-    return WorldSizeResult(world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats)
+    return WorldSizeResult(
+        world_size, "verified", outputs=outputs, summary=_summary(outputs), seconds=seconds, stats=stats
+    )
 
 
 def verify_memoized(
@@ -317,7 +318,7 @@ def verify_memoized(
         "reference_nodes": len(captured.reference.skeleton.nodes),
         "rank_nodes": sum(len(g.nodes) for g, _ in skeletons),
     } | unit_stats(proofs)
-    summary = "; ".join(f"output {o.index}: {o.description}" for o in outputs)
+    summary = _summary(outputs)
     summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct)"
     return WorldSizeResult(world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats)
 
@@ -332,7 +333,7 @@ class UnitProof:
     saturation: Saturation
     cached: bool
 
-    @property
+    @cached_property
     def index(self) -> RelationIndex | None:
         """The proven relations, when the saturation ended with facts and the ranks' collectives
         matched."""

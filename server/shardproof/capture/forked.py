@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
+from ..cores import default_workers
+
 T = TypeVar("T")
 
 _FAILED = object()
@@ -28,20 +30,29 @@ _FAILED = object()
 def map_ranks(
     capture_one: Callable[[int], T],
     world_size: int,
-    workers: int,
+    workers: int | None = None,
     check_first: Callable[[T], None] | None = None,
+    announce: Callable[[int], None] | None = None,
 ) -> list[T]:
     """[capture_one(rank) for rank in range(world_size)], the ranks shared among `workers`
-    processes. `capture_one` must not change state this process relies on later (children's
-    changes are lost); what it returns must pickle. `check_first` sees rank 0's result as soon as
-    it is captured: what it raises stops every process and is raised at once (a capture that
-    rank 0 already shows to be of no use is not finished for the other ranks)."""
-    workers = min(workers, world_size)
+    processes (default: one per core). `capture_one` must not change state this process relies on
+    later (children's changes are lost); what it returns must pickle. `check_first` sees rank 0's
+    result as soon as it is captured: what it raises stops every process and is raised at once (a
+    capture that rank 0 already shows to be of no use is not finished for the other ranks), as is
+    an error of rank 0 itself. `announce(rank)` is called before each rank this process captures
+    (progress reports: a child must not write to this process's channels)."""
+    workers = min(workers or default_workers(), world_size)
     check = check_first or (lambda _result: None)
+    say = announce or (lambda _rank: None)
+
+    def here(rank: int) -> T:
+        say(rank)
+        return capture_one(rank)
+
     if workers <= 1 or not hasattr(os, "fork"):
-        first = capture_one(0)
+        first = here(0)
         check(first)
-        return [first] + [capture_one(rank) for rank in range(1, world_size)]
+        return [first] + [here(rank) for rank in range(1, world_size)]
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()  # else the children would write this process's buffered output again
@@ -60,13 +71,15 @@ def map_ranks(
         results: dict[int, object] = {}
         own_error: tuple[int, BaseException] | None = None
         for rank in range(0, world_size, workers):
+            if rank == 0:  # no other rank comes before it: its error or check ends the capture now
+                results[0] = here(0)
+                check(results[0])  # type: ignore[arg-type]
+                continue
             try:
-                results[rank] = capture_one(rank)
+                results[rank] = here(rank)
             except Exception as exc:  # noqa: BLE001 - raised below, in rank order
                 own_error = (rank, exc)
                 break
-            if rank == 0:
-                check(results[0])  # type: ignore[arg-type]
         for pid, read_end, ranks in children:
             collected.add(pid)
             results.update(_collect(pid, read_end, ranks))
@@ -84,7 +97,7 @@ def map_ranks(
         if own_error is not None and rank == own_error[0]:
             raise own_error[1]
         value = results.get(rank, _FAILED)
-        ordered.append(capture_one(rank) if value is _FAILED else value)  # type: ignore[arg-type]
+        ordered.append(here(rank) if value is _FAILED else value)  # type: ignore[arg-type]
     return ordered
 
 

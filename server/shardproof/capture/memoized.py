@@ -12,7 +12,6 @@ for all its instances.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..cores import default_workers
 from ..graph.model import Graph
 from ..relations.expr import Expr
 from . import blocks, dtensor
@@ -85,30 +83,26 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
             reference = _pieces(module, reference_values, meta_inputs, "reference", None, 1, None)
             capture.memoized_reference = (reference, meta_inputs)
         reference, meta_inputs = capture.memoized_reference
-        parent = os.getpid()
 
-        def capture_rank(rank: int) -> ProgramPieces | None:
-            """The rank's pieces, or None when it uses DTensor (not memoizable)."""
-            if os.getpid() == parent:  # a forked child must not write to this process's channels
-                capture.progress(f"capturing rank {rank} of {world_size} (blocks once)")
+        def capture_rank(rank: int) -> ProgramPieces:
             with fake_rank(rank, world_size):
                 parallel, values, _ = capture.build_rank(rank, world_size)
                 if dtensor.uses_dtensor(parallel):
-                    return None
+                    raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
                 pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks)
             return pieces.without_modules()
 
-        def check_first(pieces: ProgramPieces | None) -> None:
+        def check_first(pieces: ProgramPieces) -> None:
             # rank 0 shows what rules out memoization for every rank (blocks entered
-            # sequence-sharded, DTensor): known before the other ranks are captured
-            if pieces is None:
-                raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
+            # sequence-sharded): known before the other ranks are captured
             _units(reference, [pieces])
 
-        captured = map_ranks(capture_rank, world_size, default_workers(), check_first)
-    if any(pieces is None for pieces in captured):
-        raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
-    ranks = [pieces for pieces in captured if pieces is not None]
+        ranks = map_ranks(
+            capture_rank,
+            world_size,
+            check_first=check_first,
+            announce=lambda rank: capture.progress(f"capturing rank {rank} of {world_size} (blocks once)"),
+        )
     units = _units(reference, ranks)
     for program in [reference, *ranks]:
         for graph in [program.skeleton, *program.templates.values()]:

@@ -13,7 +13,6 @@ import importlib
 import io
 import logging
 import operator
-import os
 import sys
 import time
 import warnings
@@ -27,7 +26,6 @@ import torch
 from torch import nn
 
 from ..config import Check, Project, declared_blocks, declared_dim, declared_shard, same_code_sharded_dim
-from ..cores import default_workers
 from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Frame, Graph
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
@@ -517,11 +515,8 @@ class CheckCapture:
         reference = self.reference()
         meta_inputs = _to_meta(reference.inputs)
         start = time.perf_counter()
-        parent = os.getpid()
 
         def capture_rank(rank: int) -> tuple[RankCapture, bool]:
-            if os.getpid() == parent:  # a forked child must not write to this process's channels
-                self.progress(f"capturing rank {rank} of {world_size}")
             with fake_rank(rank, world_size):
                 module, values, applied_styles = self.build_rank(rank, world_size, reference.values)
                 plan = dtensor.plan_entries(module, applied_styles)
@@ -531,7 +526,9 @@ class CheckCapture:
             return RankCapture(rank, graph, values), dtensor.uses_dtensor(module)
 
         with import_roots(self.project.python_path):
-            captured = map_ranks(capture_rank, world_size, default_workers())
+            captured = map_ranks(
+                capture_rank, world_size, announce=lambda rank: self.progress(f"capturing rank {rank} of {world_size}")
+            )
         if any(uses_dtensor for _, uses_dtensor in captured):
             self._decompose_reference_like_dtensor(reference)
         ranks = [rank for rank, _ in captured]

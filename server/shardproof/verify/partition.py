@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..graph.model import Graph, Node, Placeholder, TensorMeta
+from ..graph.model import Graph, Node, Placeholder
 from ..relations import expr as px
 from .relations_found import RelationIndex
 
@@ -78,11 +78,11 @@ def partition(
     cut = _split_large_blocks(cut)
     labels = [label for label, _ in cut[0]]
     produced_in = [_producers(segments) for segments in cut]
-    metas = [_metas(graph) for graph, _ in programs]
-    uninitialized = [_uninitialized(graph) for graph, _ in programs]
+    node_maps = [graph.node_map() for graph, _ in programs]
+    last = len(labels) - 1
     # every output must come from the last part, which checks them
     for (graph, _), where in zip(programs, produced_in, strict=True):
-        if any(where.get(value) != len(labels) - 1 for value in graph.outputs):
+        if any(where.get(value) != last for value in graph.outputs):
             return None
     parts: list[Part] = []
     for index, label in enumerate(labels):
@@ -94,45 +94,25 @@ def partition(
             return None
         assumed: list[list[tuple[str, px.Expr]]] = [[] for _ in programs]
         for position, values in enumerate(zip(*crossing, strict=True)):
-            if all(value in own for own, value in zip(uninitialized, values, strict=True)):
-                # a buffer reused without being read (Megatron's global memory buffer): nothing
-                # is assumed about it, and nothing needs proving
-                for program, ((graph, _), value) in enumerate(zip(programs, values, strict=True)):
-                    meta = metas[program][value]
-                    reason = f"uninitialized {graph.name}/{value}"
-                    assumed[program].append(
-                        (
-                            f"{CUT_PREFIX}.{index}.{position}",
-                            px.Fresh(reason=reason, shape=meta.shape, dtype=meta.dtype),
-                        )
-                    )
-                continue
-            pairing = _pair(programs, metas, values, index, position)
+            target = f"{CUT_PREFIX}.{index}.{position}"
+            pairing = _pair(programs, node_maps, values, target)
             if pairing is None:
                 return None
-            obligation, per_program = pairing
-            sources = {where[value] for where, value in zip(produced_in, values, strict=True)}
-            if len(sources) != 1:
-                return None  # computed in different parts by different programs
-            parts_before = parts[sources.pop()]
-            parts_before.obligations.append(obligation)
-            for program, entry in enumerate(per_program):
-                assumed[program].append(entry)
+            obligation, exprs = pairing
+            if obligation is not None:
+                sources = {where[value] for where, value in zip(produced_in, values, strict=True)}
+                if len(sources) != 1:
+                    return None  # computed in different parts by different programs
+                parts[sources.pop()].obligations.append(obligation)
+            for program, expr in enumerate(exprs):
+                assumed[program].append((target, expr))
         graphs = [
-            _part_graph(graph, own, values, segments[index][1], crossing_values, entries, index == len(labels) - 1)
+            _part_graph(graph, own, values, segments[index][1], crossing_values, entries, index == last)
             for (graph, values), own, segments, crossing_values, entries in zip(
-                programs, metas, cut, crossing, assumed, strict=True
+                programs, node_maps, cut, crossing, assumed, strict=True
             )
         ]
-        parts.append(
-            Part(
-                label or "(before the first block)",
-                graphs[0][0],
-                graphs[0][1],
-                graphs[1:],
-                final=index == len(labels) - 1,
-            )
-        )
+        parts.append(Part(label or "(before the first block)", *graphs[0], graphs[1:], final=index == last))
     return parts
 
 
@@ -227,34 +207,33 @@ def _read_from_before(nodes: list[Node], produced_in: dict[str, int], index: int
     return list(seen)
 
 
-def _metas(graph: Graph) -> dict[str, TensorMeta]:
-    return {node.id: node.meta for node in graph.nodes}
-
-
-def _uninitialized(graph: Graph) -> set[str]:
-    return {node.id for node in graph.nodes if node.op == "uninitialized"}
-
-
 def _pair(
     programs: list[tuple[Graph, dict[str, px.Expr]]],
-    program_metas: list[dict[str, TensorMeta]],
+    node_maps: list[dict[str, Node]],
     values: tuple[str, ...],
-    part: int,
-    position: int,
-) -> tuple[Obligation, list[tuple[str, px.Expr]]] | None:
-    """The assumed relation of one crossing value in every program, from the shapes."""
-    metas = [own[value] for own, value in zip(program_metas, values, strict=True)]
-    reference_meta = metas[0]
-    target = f"{CUT_PREFIX}.{part}.{position}"
+    target: str,
+) -> tuple[Obligation | None, list[px.Expr]] | None:
+    """The assumed value of one crossing value in every program (named `target`), from the
+    shapes, and what its producing part must prove for it; None when no relation fits."""
+    nodes = [own[value] for own, value in zip(node_maps, values, strict=True)]
+    if all(node.op == "uninitialized" for node in nodes):
+        # a buffer reused without being read (Megatron's global memory buffer): nothing is
+        # assumed about it, and nothing needs proving
+        return None, [
+            px.Fresh(reason=f"uninitialized {graph.name}/{node.id}", shape=node.meta.shape, dtype=node.meta.dtype)
+            for (graph, _), node in zip(programs, nodes, strict=True)
+        ]
+    reference_meta = nodes[0].meta
     whole = px.ParamRef(name=target, shape=reference_meta.shape, dtype=reference_meta.dtype)
-    entries: list[tuple[str, px.Expr]] = [(target, whole)]
+    exprs: list[px.Expr] = [whole]
     expected: list[tuple[int, int, int] | None] = []
-    for (graph, _), meta in zip(programs[1:], metas[1:], strict=True):
+    for (graph, _), node in zip(programs[1:], nodes[1:], strict=True):
+        meta = node.meta
         if meta.dtype != reference_meta.dtype or meta.ndim != reference_meta.ndim:
             return None
         differing = [d for d, (a, b) in enumerate(zip(reference_meta.shape, meta.shape, strict=True)) if a != b]
         if not differing:
-            entries.append((target, whole))
+            exprs.append(whole)
             expected.append(None)
             continue
         if len(differing) != 1:
@@ -265,21 +244,16 @@ def _pair(
             return None
         start = (graph.rank % (full // own)) * own
         negative = dim - meta.ndim
-        entries.append(
-            (
-                target,
-                px.SliceOf(
-                    source=whole, dim=negative, start=start, end=start + own, shape=meta.shape, dtype=meta.dtype
-                ),
-            )
+        exprs.append(
+            px.SliceOf(source=whole, dim=negative, start=start, end=start + own, shape=meta.shape, dtype=meta.dtype)
         )
         expected.append((negative, start, start + own))
-    return Obligation(values[0], tuple(values[1:]), tuple(expected)), entries
+    return Obligation(values[0], tuple(values[1:]), tuple(expected)), exprs
 
 
 def _part_graph(
     graph: Graph,
-    metas: dict[str, TensorMeta],
+    node_map: dict[str, Node],
     values: dict[str, px.Expr],
     nodes: list[Node],
     crossing: list[str],
@@ -290,7 +264,7 @@ def _part_graph(
     placeholders = [p for p in graph.placeholders if p.id in read]
     own_values = dict(values)
     for value, (target, expr) in zip(crossing, assumed, strict=True):
-        placeholders.append(Placeholder(value, "buffer", target, metas[value]))
+        placeholders.append(Placeholder(value, "buffer", target, node_map[value].meta))
         own_values[target] = expr
     part = Graph(
         graph.name,
