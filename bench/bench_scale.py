@@ -8,6 +8,9 @@ intermediate 53248, vocabulary 128256. Every run is `shardproof verify --json` i
 
     python bench/bench_scale.py                 # every table, median of 3 runs
     python bench/bench_scale.py --only 405b --runs 1
+
+Runs are cold (the cache off) except the warm table's: cold, again unchanged, and after an edit of
+the parallel code, with a cache of its own.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,7 +61,10 @@ def write_project(root: Path) -> None:
     (root / "scale_model").mkdir(parents=True, exist_ok=True)
     (root / "scale_model" / "__init__.py").write_text("")
     (root / "scale_model" / "model.py").write_text(MODEL)
-    example = (ROOT / "examples" / "llama").as_posix()
+    # a copy of the example's code, which the warm table edits
+    example_copy = root / "example"
+    shutil.copytree(ROOT / "examples" / "llama", example_copy, ignore=shutil.ignore_patterns("__pycache__"))
+    example = example_copy.as_posix()
     (root / "pyproject.toml").write_text(
         textwrap.dedent(f"""
         [tool.shardproof]
@@ -83,9 +90,15 @@ def write_project(root: Path) -> None:
 
 
 def run(
-    project: Path, shape: dict[str, int], layers: int, world_size: int, flags: tuple[str, ...] = (), check: str = "tp"
+    project: Path,
+    shape: dict[str, int],
+    layers: int,
+    world_size: int,
+    flags: tuple[str, ...] = (),
+    check: str = "tp",
+    cache: Path | None = None,
 ) -> dict[str, object]:
-    env = dict(os.environ)
+    env = dict(os.environ, SHARDPROOF_CACHE_DIR=str(cache) if cache else "off")
     env.update({f"SCALE_{k.upper()}": str(v) for k, v in shape.items()})
     env["SCALE_LAYERS"] = str(layers)
     command = [sys.executable, "-m", "shardproof", "verify", "--project", str(project), "--json"]
@@ -104,6 +117,8 @@ def run(
         "verification": outcome["seconds"].get("verification", 0.0),
         "templates": outcome.get("stats", {}).get("templates"),
         "parts": outcome.get("stats", {}).get("parts"),
+        "reused": bool(outcome.get("stats", {}).get("reused")),
+        "cached_units": outcome.get("stats", {}).get("cached_units"),
         # ru_maxrss of children is the largest child so far: a lower bound when an earlier run was larger
         "peak_gib": max(peak, before) / (1 << 20),
     }
@@ -121,7 +136,7 @@ def median_of(runs: int, *args: object) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--only", choices=["405b", "layers", "world", "gpt", "plain", "jobs"])
+    parser.add_argument("--only", choices=["405b", "layers", "world", "gpt", "plain", "jobs", "warm"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "scale"
@@ -162,15 +177,32 @@ def main() -> None:
                     (f"8 layers, SP, --jobs {jobs}", median_of(args.runs, project, LLAMA_405B, 8, 8, flags, "sp"))
                 )
             tables.append(("Parts saturated one at a time and two at once (2 cores), 405B shape, TP=8 + SP", rows))
+        if args.only in (None, "warm"):
+            # one run each: the second and third depend on the first's cache
+            cache = Path(tmp) / "cache"
+            rows = [("cold", run(project, LLAMA_405B, 126, 8, cache=cache))]
+            rows.append(("warm (nothing changed)", run(project, LLAMA_405B, 126, 8, cache=cache)))
+            parallel = project / "example" / "llama_example" / "tp.py"
+            parallel.write_text(parallel.read_text() + "\n# an edit\n")
+            rows.append(("after editing tp.py (a comment)", run(project, LLAMA_405B, 126, 8, cache=cache)))
+            tables.append(("Warm and incremental, 405B at TP=8 (one run each)", rows))
     for title, rows in tables:
         print(f"\n{title}\n")
-        print("| configuration | verdict | wall time | capture | verification | distinct blocks | parts | peak RSS |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(
+            "| configuration | verdict | wall time | capture | verification | distinct blocks | parts "
+            "| reused | peak RSS |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         for label, r in rows:
+            if r["reused"]:
+                reused, capture, verification = "the whole result", "-", "-"
+            else:
+                reused = f"{r['cached_units']} units" if r["cached_units"] else "-"
+                capture, verification = f"{float(r['capture']):.1f} s", f"{float(r['verification']):.2f} s"  # type: ignore[arg-type]
             print(
-                f"| {label} | {r['verdict']} | {float(r['wall']):.1f} s | {float(r['capture']):.1f} s | "  # type: ignore[arg-type]
-                f"{float(r['verification']):.2f} s | {r['templates'] if r['templates'] is not None else '-'} | "  # type: ignore[arg-type]
-                f"{r['parts'] if r['parts'] is not None else '-'} | "
+                f"| {label} | {r['verdict']} | {float(r['wall']):.1f} s | {capture} | {verification} | "  # type: ignore[arg-type]
+                f"{r['templates'] if r['templates'] is not None else '-'} | "
+                f"{r['parts'] if r['parts'] is not None else '-'} | {reused} | "
                 f"{float(r['peak_gib']):.2f} GiB |"  # type: ignore[arg-type]
             )
 

@@ -65,8 +65,10 @@ def verify_check(
     at once unless `partition` is off (see `verify_world_size`). With
     `reuse_results` (the command line), a world size whose files are all unchanged since a run
     that stored its result is not verified again."""
+    from .capture import environment
     from .capture.program import CheckCapture
 
+    environment_at_start = environment.snapshot()
     notify: ProgressFn = progress or (lambda *_: None)
     result = CheckResult(check.name)
     sizes = world_sizes or list(check.world_sizes)
@@ -87,7 +89,7 @@ def verify_check(
                 if reuse_results
                 else None
             )
-            stored = cached_result(key) if key is not None else None
+            stored = cached_result(key, environment_at_start) if key is not None else None
             if stored is not None:
                 reused = WorldSizeResult.from_dict(stored)  # type: ignore[arg-type]
                 reused.stats["reused"] = True
@@ -101,7 +103,8 @@ def verify_check(
                 return result
             result.results.append(outcome)
             if key is not None and outcome.verdict in ("verified", "discrepancy", "inconclusive"):
-                store_result(key, outcome.to_dict(), capture.dependencies(capture.captured))
+                files = capture.dependencies(capture.captured)
+                store_result(key, outcome.to_dict(), files, environment.names_read(), environment_at_start)
     finally:
         if own_sandbox:
             sandbox.close()

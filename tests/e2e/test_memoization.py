@@ -222,6 +222,60 @@ def test_the_command_line_reuses_a_result_until_a_file_it_read_changes(tmp_path:
     assert not run().get("reused")
 
 
+def test_the_command_line_never_reuses_a_result_after_a_variable_the_model_read_changed(tmp_path: Path) -> None:
+    """A model configured from the environment: the same files give another model."""
+    import json
+    import os
+    import subprocess
+
+    (tmp_path / "env_model.py").write_text(
+        textwrap.dedent("""
+        import os
+
+        from llama_example.model import Llama, LlamaConfig, example_inputs
+
+        CONFIG = LlamaConfig(n_layers=int(os.environ["ENV_MODEL_LAYERS"]), dim=64, ffn_dim=128, vocab_size=256)
+
+
+        def build():
+            return Llama(CONFIG)
+
+
+        def inputs():
+            return example_inputs(CONFIG)
+        """)
+    )
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
+        [tool.shardproof]
+        python-path = [".", "{(EXAMPLES / "llama").as_posix()}"]
+
+        [[tool.shardproof.check]]
+        name = "env"
+        reference = "env_model:build"
+        parallel = "llama_example.tp:parallelize"
+        inputs = "env_model:inputs"
+        world-sizes = [2]
+        outputs = "replicated"
+        """)
+    )
+    command = [sys.executable, "-m", "shardproof", "verify", "--project", str(tmp_path), "--json"]
+
+    def run(**variables: str) -> dict:
+        env = dict(os.environ, SHARDPROOF_CACHE_DIR=str(tmp_path / "cache"), **variables)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=600)
+        (outcome,) = json.loads(done.stdout)["checks"][0]["world_sizes"]
+        assert outcome["verdict"] == "verified", outcome
+        return outcome["stats"]
+
+    assert run(ENV_MODEL_LAYERS="2")["block_instances"] == 2
+    assert run(ENV_MODEL_LAYERS="2").get("reused") is True
+    changed = run(ENV_MODEL_LAYERS="3")
+    assert not changed.get("reused") and changed["block_instances"] == 3
+    # a variable the model never read does not matter
+    assert run(ENV_MODEL_LAYERS="3", UNRELATED_SETTING="x").get("reused") is True
+
+
 PER_LAYER_SCALE = (
     """
 import torch

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..cores import default_workers
+from . import environment
 
 T = TypeVar("T")
 
@@ -113,10 +114,12 @@ def _serve_child(capture_one: Callable[[int], object], ranks: list[int], write_e
                 delivered[rank] = capture_one(rank)
             except BaseException:  # noqa: BLE001 - the parent captures this rank again and raises
                 break
+        # the environment variables the child's capture read count as read by this capture
+        names = environment.names_read()
         try:
-            payload = pickle.dumps(delivered, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps((delivered, names), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - the parent captures these ranks itself
-            payload = pickle.dumps({}, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps(({}, names), protocol=pickle.HIGHEST_PROTOCOL)
         with os.fdopen(write_end, "wb") as pipe:
             pipe.write(payload)
         for stream in (sys.stdout, sys.stderr):
@@ -137,7 +140,8 @@ def _collect(pid: int, read_end: int, ranks: list[int]) -> dict[int, object]:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
     try:
-        delivered = pickle.loads(b"".join(chunks))
+        delivered, names = pickle.loads(b"".join(chunks))
     except Exception:  # noqa: BLE001 - a truncated or empty answer: captured again by the parent
         return {}
+    environment.add_names(names)
     return {rank: value for rank, value in delivered.items() if rank in ranks}

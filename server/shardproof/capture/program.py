@@ -29,7 +29,7 @@ from ..config import Check, Project, declared_blocks, declared_dim, declared_sha
 from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Frame, Graph
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
-from . import dtensor
+from . import dtensor, environment
 from .blocks import tensor_attributes
 from .fake_pg import fake_rank, group_ranks
 from .forked import map_ranks
@@ -68,10 +68,12 @@ class CaptureResult:
 
 @contextlib.contextmanager
 def import_roots(paths: tuple[Path, ...]) -> Iterator[None]:
+    """Run user code: its import roots on the path, its reads of the environment recorded."""
     added = [str(p) for p in paths if str(p) not in sys.path]
     sys.path[:0] = added
     try:
-        yield
+        with environment.recording(str(p) for p in paths):
+            yield
     finally:
         for p in added:
             with contextlib.suppress(ValueError):

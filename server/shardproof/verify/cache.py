@@ -7,8 +7,8 @@ be used for a unit whose code changed: changed code gives other commands, hence 
 Only results that do not depend on the machine's speed are kept (a fixpoint, or the iteration
 bound); a time, size or memory bound is tried again.
 
-The command line also keeps whole results of a world size, valid while the files they read are
-unchanged (see `cached_result`).
+The command line also keeps whole results of a world size, valid while the files and the
+environment variables they read are unchanged (see `cached_result`).
 
 The directory is `$SHARDPROOF_CACHE_DIR`, else `$XDG_CACHE_HOME/shardproof`, else
 `~/.cache/shardproof`; `SHARDPROOF_CACHE_DIR=off` disables the cache.
@@ -25,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Protocol
 
+from ..capture.environment import EVERYTHING, relevant, unchanged
 from .engine import Saturation
 from .rules import RULE_LIBRARY_VERSION
 from .sandbox import Job
@@ -104,9 +105,10 @@ def _egglog_version() -> str:
 
 # -- whole results of a world size (the command line only) ---------------------------------------
 # A check's result at a world size depends on the check's declaration, the files it read (the
-# project files it imported and every file a captured operation came from), the installed
-# libraries and shardproof itself. An entry keeps the hashes of those files; it is used only while
-# every one of them is unchanged. The editor's worker does not use it: it verifies unsaved buffers
+# project files it imported and every file a captured operation came from), the environment
+# variables its code read (capture/environment.py), the installed libraries and shardproof itself.
+# An entry keeps the hashes of those files and the values of those variables; it is used only
+# while every one of them is unchanged. The editor's worker does not use it: it verifies unsaved buffers
 # that are not the files on disk.
 _LIBRARIES = ("torch", "egglog", "transformers", "accelerate", "fairscale", "megatron-core", "llama-models")
 
@@ -120,28 +122,40 @@ def result_key(declaration: str, world_size: int, mode: str) -> str:
     return digest.hexdigest()
 
 
-def cached_result(key: str) -> dict[str, object] | None:
-    """The stored result for `key` if every file it depended on is unchanged, else None."""
+def cached_result(key: str, environment: dict[str, str]) -> dict[str, object] | None:
+    """The stored result for `key` if every file and environment variable it depended on is
+    unchanged (`environment`: the variables now), else None."""
     path = _entry("results", key)
     if path is None or not path.is_file():
         return None
     try:
         entry = json.loads(path.read_text())
-        if all(_file_digest(Path(name)) == digest for name, digest in entry["files"].items()):
+        files_unchanged = all(_file_digest(Path(name)) == digest for name, digest in entry["files"].items())
+        if files_unchanged and unchanged(entry["environment"], entry["whole_environment"], environment):
             return entry["result"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     return None
 
 
-def store_result(key: str, result: dict[str, object], files: set[str]) -> None:
+def store_result(
+    key: str, result: dict[str, object], files: set[str], names_read: set[str], environment: dict[str, str]
+) -> None:
+    """Keep `result` with what it depended on: `files`, and the variables `names_read` with their
+    values in `environment` (the variables when the run started)."""
     path = _entry("results", key)
     if path is None:
         return
     digests = {name: _file_digest(Path(name)) for name in sorted(files)}
     if any(digest is None for digest in digests.values()):
         return  # a file that cannot be read cannot be checked next time
-    _write(path, json.dumps({"files": digests, "result": result}))
+    entry = {
+        "files": digests,
+        "environment": relevant(names_read, environment),
+        "whole_environment": EVERYTHING in names_read,
+        "result": result,
+    }
+    _write(path, json.dumps(entry))
 
 
 def _file_digest(path: Path) -> str | None:
