@@ -58,6 +58,7 @@ class Encoder:
         self._counter = 0
         self._names: dict[tuple[str, str], str] = {}
         self._taken: set[str] = set()
+        self.factless: set[str] = set()  # terms given no shape or `node` facts (see encode_unit)
         self.dtypes: set[str] = set()
         self.issues: list[CollectiveIssue] = []
 
@@ -84,6 +85,8 @@ class Encoder:
     def let(self, name: str, term: str, meta: TensorMeta) -> str:
         self.commands.append(f"(let {name} {term})")
         self.meta_of[name] = meta
+        if name in self.factless:
+            return name
         nd = len(meta.shape)
         self.commands.append(f"(set (nd {name}) {nd})")
         for i, size in enumerate(meta.shape):
@@ -92,7 +95,8 @@ class Encoder:
 
     def bind(self, graph: Graph, value_id: str, name: str) -> None:
         self.term_of[(graph.name, value_id)] = name
-        self.commands.append(f"(node {name} {_q(graph.name + '/' + value_id)})")
+        if name not in self.factless:
+            self.commands.append(f"(node {name} {_q(graph.name + '/' + value_id)})")
 
     def term(self, graph: Graph, value_id: str) -> str:
         return self.term_of[(graph.name, value_id)]
@@ -270,7 +274,7 @@ class Encoder:
 
     def generic(self, graph: Graph, node: Node, name: str, ins: list[str]) -> None:
         key = f"{node.attrs.get('target', node.op)}#{node.attrs.get('index', 0)}"
-        attrs = _q(json.dumps(node.attrs.get("args", []), sort_keys=True, default=str))
+        attrs = _q(json.dumps(_opaque_payload(node), sort_keys=True, default=str))
         meta = node.meta
         if len(ins) > 4:
             self.let(name, f"(Leaf {_q(graph.name + '/' + node.id)})", meta)
@@ -558,16 +562,132 @@ def expand_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...
 
 
 def encode_unit(
-    reference: Graph, reference_values: dict[str, px.Expr], ranks: list[tuple[Graph, dict[str, px.Expr]]]
+    reference: Graph,
+    reference_values: dict[str, px.Expr],
+    ranks: list[tuple[Graph, dict[str, px.Expr]]],
+    outputs_only: bool = False,
 ) -> EncodedUnit:
-    """Encode the reference and all ranks of one world size into one program."""
+    """Encode the reference and all ranks of one world size into one program.
+
+    With `outputs_only` (a unit whose verdict reads nothing but its outputs' relations), a value
+    an opaque call computes only for the one opaque call that reads it gets no facts and no name:
+    its term is written out inside its reader's. Opaque calls have no rules but congruence, so no
+    rule could use its shape, and no one reads its relations. A memoized skeleton is such a chain
+    (one call per layer, in every program): each fact is an egglog command, egglog 13 spends ~60
+    us on every command whatever it is, and each named term (`let`) is a table of its own."""
     encoder = Encoder()
+    if outputs_only:
+        reference = collapse_opaque_chains(reference)
+        ranks = [(collapse_opaque_chains(graph), values) for graph, values in ranks]
+        for graph in [reference, *(g for g, _ in ranks)]:
+            encoder.factless.update(encoder._name(graph.name, value) for value in _between_opaque_calls(graph))
     encoder.add_placeholders(reference, reference_values)
     encoder.add_reference_nodes(reference)
     for graph, values in ranks:
         encoder.add_placeholders(graph, values)
     _encode_ranks(encoder, [g for g, _ in ranks])
     return encoder.finish()
+
+
+def _opaque_payload(node: Node) -> object:
+    """What decides an opaque call's result besides its target and inputs: its literal arguments
+    and the names of its keyword arguments (whose values are among the arguments)."""
+    args = node.attrs.get("args", [])
+    kwargs = node.attrs.get("kwargs", [])
+    return {"args": args, "kwargs": kwargs} if kwargs else args
+
+
+def collapse_opaque_chains(graph: Graph) -> Graph:
+    """`graph` with every chain of opaque calls made one opaque call (for a unit whose verdict
+    reads only its outputs).
+
+    A chain: calls of one target, each reading the one before it at the same argument position
+    and nothing else new (the other arguments are the same values), and each call's value read
+    only by the next and not an output. A memoized skeleton is one: a block call per layer, each
+    reading the previous layer's output and the same rotary tables. The chain becomes one call of
+    "chain of <target>" on the first call's arguments, with every call's literal arguments (the
+    instance paths) and the position in its key. Sound: two programs with the same chain term
+    compose the same calls in the same order, so on equal inputs they give equal outputs, the
+    only thing congruence (the sole rule of opaque calls) would have proven link by link; and
+    no unit with this encoding reads the values inside a chain."""
+    readers: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        for value in node.inputs:
+            readers.setdefault(value, []).append(node)
+    outputs = set(graph.outputs)
+
+    def link(node: Node) -> tuple[Node, int] | None:
+        """The next call of node's chain and where it reads node, if any."""
+        following = readers.get(node.id, [])
+        if node.op != "generic" or node.id in outputs or len(following) != 1:
+            return None
+        (after,) = following
+        same_call = (after.op, after.attrs.get("target"), after.attrs.get("index")) == (
+            node.op,
+            node.attrs.get("target"),
+            node.attrs.get("index"),
+        )
+        if not same_call or after.inputs.count(node.id) != 1 or len(after.inputs) != len(node.inputs):
+            return None
+        position = after.inputs.index(node.id)
+        others = after.inputs[:position] + after.inputs[position + 1 :]
+        if others != node.inputs[:position] + node.inputs[position + 1 :]:
+            return None
+        return after, position
+
+    links = {node.id: found for node in graph.nodes if (found := link(node)) is not None}
+    continued = {after.id for after, _ in links.values()}
+    replaced: dict[str, Node] = {}  # the last call of each chain -> the chain's call
+    inside: set[str] = set()
+    for node in graph.nodes:
+        if node.id not in links or node.id in continued:
+            continue
+        chain, position = [node], links[node.id][1]
+        while chain[-1].id in links and links[chain[-1].id][1] == position:
+            chain.append(links[chain[-1].id][0])
+        if len(chain) < 2:
+            continue
+        last = chain[-1]
+        inside.update(call.id for call in chain[:-1])
+        attrs = {
+            "target": f"chain of {last.attrs.get('target')}",
+            "index": last.attrs.get("index", 0),
+            "args": {"position": position, "calls": [_opaque_payload(call) for call in chain]},
+        }
+        replaced[last.id] = Node(
+            last.id, "generic", node.inputs, attrs, last.meta, last.site, last.module_path, last.module_type
+        )
+    if not replaced:
+        return graph
+    nodes = [replaced.get(node.id, node) for node in graph.nodes if node.id not in inside]
+    return Graph(
+        graph.name,
+        graph.rank,
+        graph.world_size,
+        graph.placeholders,
+        nodes,
+        graph.outputs,
+        graph.source_files,
+        graph.plan_entries,
+    )
+
+
+def _between_opaque_calls(graph: Graph) -> set[str]:
+    """Values of opaque calls (`generic` nodes) read by one opaque call only, outputs excepted
+    (one reader: a term written out at several readers could grow exponentially)."""
+    readers: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        for value in node.inputs:
+            readers.setdefault(value, []).append(node)
+    outputs = set(graph.outputs)
+    return {
+        node.id
+        for node in graph.nodes
+        if node.op == "generic"
+        and node.id not in outputs
+        and len(readers.get(node.id, ())) == 1
+        and readers[node.id][0].op == "generic"
+    }
 
 
 def _encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
