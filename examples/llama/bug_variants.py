@@ -28,10 +28,12 @@ class BugVariant:
     world_sizes: tuple[int, ...]  # where the mistake changes the result without a crash
     kind: str  # the discrepancy kind shardproof should report
     parallel: str = "llama_example.tp:parallelize"  # the parallel model the mistake is in
+    reference: str = "llama_example.model:build"  # and its reference (`<name>_quick` for the quick check)
+    inputs: str = "llama_example.model:example_inputs"
 
     @property
     def check_name(self) -> str:
-        style = "sp" if self.parallel.endswith(".sp:parallelize") else "tp"
+        style = self.parallel.split(".")[-1].split(":")[0]  # tp, sp or loss
         return f"llama-{style}-{self.name.removeprefix(style + '-')}"
 
     def line_number(self, root: Path = HERE) -> int:
@@ -183,8 +185,49 @@ SEQUENCE_PARALLEL_VARIANTS: tuple[BugVariant, ...] = (
 )
 
 
+# Mistakes in the vocab-parallel loss (loss.py: cross entropy with label smoothing on logits
+# sharded over the vocabulary). Each is caught, confirmed numerically and reported at its line.
+_LOSS = {
+    "parallel": "llama_example.loss:parallelize",
+    "reference": "llama_example.model:build_with_loss",
+    "inputs": "llama_example.model:example_inputs_with_targets",
+}
+LOSS_VARIANTS: tuple[BugVariant, ...] = (
+    BugVariant(
+        "loss-smoothing-local-vocab",
+        "label smoothing averages the shifted logits over this rank's vocabulary size instead of the whole",
+        "llama_example/loss.py",
+        "uniform = torch.log(sum_exp) - sum_logits / vocab_size",
+        "uniform = torch.log(sum_exp) - sum_logits / local_size",
+        (2, 4),
+        "not-equivalent",
+        **_LOSS,
+    ),
+    BugVariant(
+        "loss-target-mask-off-by-one",
+        "the target mask drops the first class of every rank's shard: no rank picks that target's logit",
+        "llama_example/loss.py",
+        "outside = (targets < vocab_start) | (targets >= vocab_end)",
+        "outside = (targets <= vocab_start) | (targets >= vocab_end)",
+        (2, 4),
+        "wrong-shard",
+        **_LOSS,
+    ),
+    BugVariant(
+        "loss-missing-max-reduction",
+        "each rank subtracts its own shard's max instead of the max over the whole vocabulary",
+        "llama_example/loss.py",
+        "logits_max = all_reduce_max(logits.amax(dim=-1))",
+        "logits_max = logits.amax(dim=-1)",
+        (2, 4),
+        "missing-reduction",
+        **_LOSS,
+    ),
+)
+
+
 def variant(name: str) -> BugVariant:
-    for v in VARIANTS + SEQUENCE_PARALLEL_VARIANTS:
+    for v in VARIANTS + SEQUENCE_PARALLEL_VARIANTS + LOSS_VARIANTS:
         if v.name == name:
             return v
     raise KeyError(name)
@@ -200,15 +243,15 @@ python-path = ["."]
 
 [[tool.shardproof.check]]
 name = "{check}"
-reference = "llama_example.model:build"
+reference = "{reference}"
 parallel = "{parallel}"
-inputs = "llama_example.model:example_inputs"
+inputs = "{inputs}"
 world-sizes = [{world_sizes}]
 outputs = "replicated"
 
 [tool.shardproof.check.quick]
-reference = "llama_example.model:build_quick"
-inputs = "llama_example.model:example_inputs_quick"
+reference = "{reference}_quick"
+inputs = "{inputs}_quick"
 world-sizes = [{quick_world_size}]
 """
 
@@ -228,7 +271,13 @@ def materialize(bug: BugVariant, dest: Path) -> Path:
     quick = min(bug.world_sizes)
     (dest / "pyproject.toml").write_text(
         PYPROJECT.format(
-            name=bug.name, check=bug.check_name, parallel=bug.parallel, world_sizes=sizes, quick_world_size=quick
+            name=bug.name,
+            check=bug.check_name,
+            parallel=bug.parallel,
+            reference=bug.reference,
+            inputs=bug.inputs,
+            world_sizes=sizes,
+            quick_world_size=quick,
         )
     )
     return dest
@@ -239,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("names", nargs="*", help="variants to write (default: all)")
     args = parser.parse_args(argv)
-    chosen = [variant(n) for n in args.names] if args.names else list(VARIANTS + SEQUENCE_PARALLEL_VARIANTS)
+    every = VARIANTS + SEQUENCE_PARALLEL_VARIANTS + LOSS_VARIANTS
+    chosen = [variant(n) for n in args.names] if args.names else list(every)
     for bug in chosen:
         path = materialize(bug, args.outdir / bug.name)
         print(f"{bug.name:28} {path}  ({bug.file}:{bug.line_number()})")

@@ -27,6 +27,9 @@ pytestmark = pytest.mark.slow
         ("fairscale_llama", "fairscale-llama3"),
         # ParallelEmbedding: model-dim shards, all-gathered
         ("fairscale_llama", "fairscale-llama2"),
+        # fairscale's vocab_parallel_cross_entropy of logits sharded over the vocabulary: a MAX
+        # all-reduce, the target's logit picked by x[arange(N), ids] on its rank, summed
+        ("fairscale_llama", "fairscale-llama3-loss"),
         # Megatron-core's Column/RowParallelLinear and VocabParallelEmbedding, fused per-head QKV
         ("megatron_gpt", "megatron-tp"),
         # the same with sequence parallelism: scatter, all-gather and reduce-scatter on the sequence dim

@@ -15,9 +15,10 @@ from shardproof.witness.run import compare_numerically
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("name", ["llama-tp", "llama-sp"])
+@pytest.mark.parametrize("name", ["llama-tp", "llama-sp", "llama-loss"])
 def test_correct_example_is_verified_at_2_4_and_8(name: str, example_root: Path, sandbox) -> None:
     # llama-sp: the same model with sequence parallelism (all-gather and reduce-scatter on dim 1).
+    # llama-loss: its training loss (cross entropy with label smoothing) on vocabulary-sharded logits.
     project = load_project(example_root)
     result = verify_check(project.check(name), project, [2, 4, 8], sandbox)
     assert result.error is None
@@ -126,3 +127,35 @@ def test_sequence_parallel_mistake_is_reported_at_its_line(
     assert finding.primary.file.endswith(bug.file), finding.primary
     assert finding.primary.line == bug.line_number(sequence_parallel_projects[name]), finding.message
     assert finding.kind == bug.kind
+
+
+@pytest.fixture(scope="module")
+def loss_projects(tmp_path_factory) -> dict[str, Path]:
+    import bug_variants
+
+    root = tmp_path_factory.mktemp("loss-variants")
+    return {v.name: bug_variants.materialize(v, root / v.name) for v in bug_variants.LOSS_VARIANTS}
+
+
+def _loss_cases() -> list[tuple[str, int]]:
+    import bug_variants
+
+    return [(v.name, w) for v in bug_variants.LOSS_VARIANTS for w in v.world_sizes]
+
+
+@pytest.mark.parametrize(("name", "world_size"), _loss_cases())
+def test_vocab_parallel_loss_mistake_is_confirmed_and_reported_at_its_line(
+    name: str, world_size: int, loss_projects, sandbox
+) -> None:
+    import bug_variants
+
+    bug = bug_variants.variant(name)
+    project = load_project(loss_projects[name])
+    (outcome,) = verify_check(project.checks[0], project, [world_size], sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    finding = outcome.discrepancies[0]
+    assert finding.primary is not None
+    assert finding.primary.file.endswith(bug.file), finding.primary
+    assert finding.primary.line == bug.line_number(loss_projects[name]), finding.message
+    assert finding.kind == bug.kind
+    assert finding.witness is not None and finding.witness["status"] == "confirmed", finding.witness

@@ -59,6 +59,9 @@ MUTANTS = [
     ("slice-of-concat-inside-first", "(<= e na)", "(<= e (+ na 1))"),  # a guard off by one
     ("view-merge", "(RMul R h)", "(RMul R 1)"),
     ("embedding-rows-of-ids", "(- d 1)", "d"),
+    ("max-of-selection-is-partial", "((pmax Y y s e K))", "((pmax Y y 0 e K))"),  # mislabelled partial max
+    ("target-pick-is-partial", "(outside m I s e)", "(outside m I 0 e)"),  # picks of other ranks' targets kept
+    ("all-reduce-max-of-tiling", "(MaxN ms)", "(SumN ms)"),  # partial maxes summed
 ]
 
 

@@ -6,7 +6,9 @@ with the same code at world size 1 as the reference. Attention projections are
 ColumnParallelLinear (query, key, value) and RowParallelLinear (output); the feed-forward block
 applies its sharded weights with F.linear and reduces once, explicitly, as fused or MoE code
 does; tokens go through a VocabParallelEmbedding (Llama 3) or a ParallelEmbedding (Llama 2),
-and the LM head is a ColumnParallelLinear whose shards are gathered at the end.
+and the LM head is a ColumnParallelLinear whose shards are gathered at the end. For training,
+`TransformerWithLoss` keeps the logits sharded over the vocabulary and takes fairscale's
+vocab-parallel cross entropy of them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import fairscale.nn.model_parallel.initialize as fs_init
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from fairscale.nn.model_parallel.cross_entropy import vocab_parallel_cross_entropy
 from fairscale.nn.model_parallel.layers import (
     ColumnParallelLinear,
     ParallelEmbedding,
@@ -159,12 +162,22 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return gather_from_model_parallel_region(self.sharded_logits(tokens))
+
+    def sharded_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         seq = tokens.shape[1]
         cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        return gather_from_model_parallel_region(self.output(self.norm(h)))
+        return self.output(self.norm(h))
+
+
+class TransformerWithLoss(Transformer):
+    """The training forward: the mean next-token loss, from logits sharded over the vocabulary."""
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return vocab_parallel_cross_entropy(self.sharded_logits(tokens), targets).mean()
 
 
 def _initialise_model_parallel() -> None:
@@ -188,6 +201,27 @@ def build_llama2() -> Transformer:
 
 def build_llama2_quick() -> Transformer:
     return build(ModelArgs(n_layers=1, dim=64, ffn_dim=128, vocab_size=128, vocab_parallel_embedding=False))
+
+
+def build_with_loss(args: ModelArgs | None = None) -> TransformerWithLoss:
+    _initialise_model_parallel()
+    return TransformerWithLoss(args or ModelArgs())
+
+
+def build_with_loss_quick() -> TransformerWithLoss:
+    return build_with_loss(QUICK)
+
+
+def example_inputs_with_targets(args: ModelArgs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and the next tokens to predict (class indices in [0, vocab_size))."""
+    args = args or ModelArgs()
+    generator = torch.Generator().manual_seed(0)
+    sequence = torch.randint(0, args.vocab_size, (2, 17), generator=generator)
+    return sequence[:, :-1].contiguous(), sequence[:, 1:].contiguous()
+
+
+def example_inputs_with_targets_quick() -> tuple[torch.Tensor, torch.Tensor]:
+    return example_inputs_with_targets(QUICK)
 
 
 def example_inputs(args: ModelArgs | None = None) -> tuple[torch.Tensor]:

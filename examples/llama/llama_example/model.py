@@ -149,12 +149,45 @@ class Llama(nn.Module):
         return self.output(self.norm(h))
 
 
+class LlamaWithLoss(Llama):
+    """The training forward: the mean next-token cross entropy, with label smoothing."""
+
+    def __init__(self, cfg: LlamaConfig, label_smoothing: float = 0.1) -> None:
+        super().__init__(cfg)
+        self.label_smoothing = label_smoothing
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        logits = super().forward(tokens)
+        flat = logits.view(-1, logits.shape[-1])
+        return F.cross_entropy(flat, targets.view(-1), label_smoothing=self.label_smoothing)
+
+
 def build(cfg: LlamaConfig | None = None) -> Llama:
     return Llama(cfg or LlamaConfig())
 
 
 def build_quick() -> Llama:
     return Llama(QUICK_CONFIG)
+
+
+def build_with_loss(cfg: LlamaConfig | None = None) -> LlamaWithLoss:
+    return LlamaWithLoss(cfg or LlamaConfig())
+
+
+def build_with_loss_quick() -> LlamaWithLoss:
+    return LlamaWithLoss(QUICK_CONFIG)
+
+
+def example_inputs_with_targets(cfg: LlamaConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and the next token at every position (class indices in [0, vocab_size))."""
+    cfg = cfg or LlamaConfig()
+    generator = torch.Generator().manual_seed(0)
+    sequence = torch.randint(0, cfg.vocab_size, (2, 17), generator=generator)
+    return sequence[:, :-1].contiguous(), sequence[:, 1:].contiguous()
+
+
+def example_inputs_with_targets_quick() -> tuple[torch.Tensor, torch.Tensor]:
+    return example_inputs_with_targets(QUICK_CONFIG)
 
 
 def example_inputs(cfg: LlamaConfig | None = None) -> tuple[torch.Tensor]:

@@ -6,11 +6,14 @@ verified where ranks compute it on identical inputs, by congruence):
   data movement   slice(dim,start,end) cat(dim) view(shape) permute(perm) expand(shape)
   elementwise     unary(fn) scalar(fn,value) binary(fn) where fill(value)
   reductions      reduce(fn,dim,keepdim) softmax(dim) log_softmax(dim)
+  indexing        pick(dim): x.gather(dim, i.unsqueeze(dim)).squeeze(dim), one entry per row
   contractions    linear matmul embedding sdpa(is_causal,scale,enable_gqa)
   collectives     all_reduce all_gather reduce_scatter all_to_all broadcast
   constants       constant(digest) uninitialized
   fallback        generic(target, attrs, output index)
 
+Cross entropy is written out in the numerically stable form a vocabulary-parallel loss computes
+(max, subtract, exp, sum, log, the target's entry), see `op_cross_entropy_loss`.
 A bmm / baddbmm (beta 0) over a batch that a view merged from two dims (Megatron's attention:
 [b * heads, m, k]) becomes a matmul over both dims, viewed to the merged shape, and a value whose
 dims were merged is that value again when viewed back: a shard of the heads stays a shard.
@@ -230,6 +233,7 @@ class _Builder:
         self.metas: dict[str, TensorMeta] = {}
         self.multi: dict[str, list[str | None]] = {}  # multi-output node -> ids of its outputs
         self.view_nodes: dict[str, str] = {}  # id of a node made by view() -> its source
+        self.picks_viewed: set[str] = set()  # views of picks to the shape of a gather (see view())
         self.nodes_by_id: dict[str, Node] = {}
         # complex value id -> ids of its real and imaginary parts (complex arithmetic in real terms)
         self.complex_parts: dict[str, tuple[str, str]] = {}
@@ -437,6 +441,13 @@ class _Builder:
         ids = []
         for i, out in enumerate(outputs):
             out_meta = _meta_of(out)
+            if out_meta is not None and i == 0 and name in ("max", "min") and len(args) > 1:
+                # max(x, dim)[0] is amax(x, dim): the values, whatever happens to the indices
+                dim = norm_dim(args[1], self.meta(self.value(args[0])).ndim)
+                keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+                attrs = {"fn": "a" + name, "dim": dim, "keepdim": keepdim}
+                ids.append(self.add(fx, "reduce", [self.value(args[0])], attrs, out_meta, suffix=f".{i}"))
+                continue
             ids.append(
                 None if out_meta is None else self.generic(fx, name, args, kwargs, out_meta, index=i, suffix=f".{i}")
             )
@@ -450,23 +461,24 @@ class _Builder:
             return
         self.alias[fx.name] = ids[index]  # type: ignore[assignment]
 
-    def view(self, fx: torch.fx.Node, source: str, meta: TensorMeta) -> None:
+    def view(self, fx: torch.fx.Node, source: str, meta: TensorMeta, suffix: str = "") -> str:
         # A value whose dims were merged and are viewed back to its own shape is that value
         # (row-major both ways): Megatron flattens its all-gather buffer and views it back, and its
-        # attention merges batch and heads for bmm. Other chains stay as they are, the view rules
-        # follow them one step at a time.
+        # attention merges batch and heads for bmm. So is a pick viewed back from the shape a
+        # gather or a flattened index gives it. Other chains stay as they are (a repeat of one
+        # key/value head is a view of an expand of a view, which the repeat rules recognise), the
+        # view rules follow them one step at a time.
         producer = self.view_nodes.get(source)
-        if (
-            producer is not None
-            and self.meta(source).ndim < self.meta(producer).ndim
-            and self.meta(producer).shape == meta.shape
-        ):
+        merged = producer is not None and self.meta(source).ndim < self.meta(producer).ndim
+        if producer is not None and (merged or source in self.picks_viewed) and self.meta(producer).shape == meta.shape:
             source = producer
         if self.meta(source).shape == meta.shape:
-            self.alias[fx.name] = source
-            return
-        node_id = self.add(fx, "view", [source], {"shape": list(meta.shape)}, meta)
+            if not suffix:
+                self.alias[fx.name] = source
+            return source
+        node_id = self.add(fx, "view", [source], {"shape": list(meta.shape)}, meta, suffix=suffix)
         self.view_nodes[node_id] = source
+        return node_id
 
     def scalar_or_value(self, arg: Any) -> tuple[str | None, Any]:
         if isinstance(arg, torch.fx.Node):
@@ -564,7 +576,13 @@ class _Builder:
         if isinstance(dims, int):
             dims = [dims]
         dims = sorted((norm_dim(d, src_meta.ndim) for d in dims), reverse=True)
-        if fn == "mean" and len(dims) > 1:
+        if fn == "mean" and len(dims) == src_meta.ndim > 1 and not keepdim:
+            # the mean of every element: the mean of the flattened value (a loss averaged over
+            # tokens, whatever the shape they come in)
+            flat = TensorMeta((math.prod(src_meta.shape),), src_meta.dtype)
+            source = self.view(fx, source, flat, suffix=".flat")
+            src_meta, dims = flat, [-1]
+        elif fn == "mean" and len(dims) > 1:
             self.generic(fx, "mean", args, kwargs, meta)
             return
         current, current_meta = source, src_meta
@@ -1084,6 +1102,144 @@ class _Builder:
             self.add(fx, "where", [mask_id, self.value(value), self.value(x)], {}, meta)
         return True
 
+    def op_gather(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """x.gather(d, i) with one index per row (i.unsqueeze(d)): the picked entries, viewed with
+        the unit dim (a squeeze after it gives the pick itself)."""
+        source, index = self.value(args[0]), self.value(args[2])
+        src_meta, index_meta = self.meta(source), self.meta(index)
+        dim = norm_dim(args[1], src_meta.ndim)
+        if index_meta.ndim != src_meta.ndim or index_meta.shape[dim] != 1:
+            return False
+        rows = tuple(size for i, size in enumerate(src_meta.shape) if i != src_meta.ndim + dim)
+        if tuple(size for i, size in enumerate(index_meta.shape) if i != index_meta.ndim + dim) != rows:
+            return False
+        unsqueezed = self.view_nodes.get(index)  # i.unsqueeze(d): the pick's index is i itself
+        if unsqueezed is not None and self.meta(unsqueezed).shape == rows:
+            index = unsqueezed
+        else:
+            index = self.view(fx, index, TensorMeta(rows, index_meta.dtype), suffix=".index")
+        picked = self.add(fx, "pick", [source, index], {"dim": dim}, TensorMeta(rows, meta.dtype), suffix=".pick")
+        self.picks_viewed.add(self.view(fx, picked, meta))
+        return True
+
+    def op_index(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """x[arange(N), i] on a [N, C] x (fairscale's and Megatron's predicted logits): the pick of
+        row n's entry i[n]."""
+        indices = args[1]
+        if not isinstance(indices, list | tuple) or len(indices) != 2:
+            return False
+        rows, index = indices
+        source = self.value(args[0])
+        src_meta = self.meta(source)
+        if src_meta.ndim != 2 or not isinstance(index, torch.fx.Node) or not _is_arange(rows, src_meta.shape[0]):
+            return False
+        index_id = self.value(index)
+        if self.meta(index_id).shape != (src_meta.shape[0],):
+            return False
+        unflat = self._unflattened(source, index_id)
+        if unflat is None:
+            self.add(fx, "pick", [source, index_id], {"dim": -1}, meta)
+            return True
+        # picked from logits flattened to [N, C] by targets flattened to [N]: the pick of the
+        # unflattened ones, flattened (viewed back to the targets' shape, it is that pick)
+        source, index_id = unflat
+        rows = TensorMeta(self.meta(index_id).shape, meta.dtype)
+        picked = self.add(fx, "pick", [source, index_id], {"dim": -1}, rows, suffix=".pick")
+        self.picks_viewed.add(self.view(fx, picked, meta))
+        return True
+
+    def _unflattened(self, logits: str, targets: str) -> tuple[str, str] | None:
+        """(x, t) when logits = x.view(-1, C) and targets = t.view(-1) with t of x's leading shape."""
+        unflat_logits, unflat_targets = self.view_nodes.get(logits), self.view_nodes.get(targets)
+        if unflat_logits is None or unflat_targets is None or self.meta(logits).ndim != 2:
+            return None
+        shape, target_shape = self.meta(unflat_logits).shape, self.meta(unflat_targets).shape
+        if not shape or shape[-1] != self.meta(logits).shape[-1] or target_shape != shape[:-1]:
+            return None
+        return unflat_logits, unflat_targets
+
+    def op_cross_entropy_loss(
+        self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta
+    ) -> bool:
+        """cross_entropy(x, t) with class indices, written out as a vocabulary-parallel loss
+        computes it: m = max(x), z = x - m, s = sum(exp(z)), loss = log(s) - z[t]; with label
+        smoothing e, (1 - e) * loss + e * (log(s) - sum(z) / C). The same function (for any m
+        constant along the classes) in the form whose pieces a parallel program computes on its
+        vocabulary shard. Targets are taken to be class indices in [0, C), as token ids are for
+        an embedding: the ignore index (-100) is none of them. Logits and targets flattened
+        for the loss (`x.view(-1, C)`, `t.view(-1)`) are taken as they were, and the per-token
+        loss flattened after."""
+
+        def arg(i: int, name: str, default: Any) -> Any:
+            return args[i] if len(args) > i else kwargs.get(name, default)
+
+        weight, reduction = arg(2, "weight", None), arg(3, "reduction", 1)
+        smoothing = float(arg(5, "label_smoothing", 0.0))
+        logits, targets = self.value(args[0]), self.value(args[1])
+        logits_meta, targets_meta = self.meta(logits), self.meta(targets)
+        if weight is not None or reduction not in (0, 1, 2) or targets_meta.dtype not in ("int64", "int32"):
+            return False
+        if logits_meta.ndim < 1 or targets_meta.ndim != logits_meta.ndim - 1:
+            return False
+        class_dim = 1 - logits_meta.ndim if logits_meta.ndim > 1 else -1
+        flattened: tuple[int, ...] | None = None
+        unflat = self._unflattened(logits, targets)
+        if unflat is not None:
+            flattened = targets_meta.shape
+            logits, targets = unflat
+            logits_meta, targets_meta = self.meta(logits), self.meta(targets)
+            class_dim = -1
+        dtype = logits_meta.dtype
+        classes = logits_meta.shape[class_dim]
+        rows = TensorMeta(targets_meta.shape, dtype)
+        kept_shape = list(logits_meta.shape)
+        kept_shape[class_dim] = 1
+        kept = TensorMeta(tuple(kept_shape), dtype)
+
+        def step(op: str, inputs: list[str], attrs: dict[str, Any], step_meta: TensorMeta, name: str) -> str:
+            return self.add(fx, op, inputs, attrs, step_meta, suffix=f".{name}")
+
+        largest = step("reduce", [logits], {"fn": "amax", "dim": class_dim, "keepdim": False}, rows, "max")
+        largest = self.view(fx, largest, kept, suffix=".max_kept")
+        shifted = step("binary", [logits, largest], {"fn": "sub"}, logits_meta, "shifted")
+        exps = step("unary", [shifted], {"fn": "exp"}, logits_meta, "exp")
+        total = step("reduce", [exps], {"fn": "sum", "dim": class_dim, "keepdim": False}, rows, "sum_exp")
+        log_total = step("unary", [total], {"fn": "log"}, rows, "log_sum_exp")
+        picked = step("pick", [shifted, targets], {"dim": class_dim}, rows, "target")
+        loss = step("binary", [log_total, picked], {"fn": "sub"}, rows, "nll")
+        if smoothing:
+            summed = step("reduce", [shifted], {"fn": "sum", "dim": class_dim, "keepdim": False}, rows, "sum")
+            mean = step("scalar", [summed], {"fn": "div", "value": classes}, rows, "mean")
+            uniform = step("binary", [log_total, mean], {"fn": "sub"}, rows, "smooth")
+            kept_loss = step("scalar", [loss], {"fn": "mul", "value": 1.0 - smoothing}, rows, "nll_share")
+            smooth = step("scalar", [uniform], {"fn": "mul", "value": smoothing}, rows, "smooth_share")
+            loss = step("binary", [kept_loss, smooth], {"fn": "add"}, rows, "smoothed")
+        if flattened is not None:
+            rows = TensorMeta(flattened, dtype)
+            loss = self.view(fx, loss, rows, suffix=".flat")
+        if reduction == 0:
+            self.alias[fx.name] = loss
+            return True
+        fn = "mean" if reduction == 1 else "sum"
+        if rows.ndim > 1 and fn == "mean":
+            loss = self.view(fx, loss, TensorMeta((math.prod(rows.shape),), dtype), suffix=".flat")
+            rows = self.meta(loss)
+        current = loss
+        for i in range(rows.ndim):
+            last = i == rows.ndim - 1
+            reduced = TensorMeta(rows.shape[: rows.ndim - i - 1], dtype)
+            current = self.add(
+                fx,
+                "reduce",
+                [current],
+                {"fn": fn, "dim": -1, "keepdim": False},
+                meta if last else reduced,
+                suffix="" if last else f".{fn}{i}",
+            )
+        if rows.ndim == 0:
+            self.alias[fx.name] = loss
+        return True
+
     def op_softmax(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         source = self.value(args[0])
         self.add(fx, "softmax", [source], {"dim": norm_dim(args[1], meta.ndim)}, meta)
@@ -1097,6 +1253,17 @@ class _Builder:
         return True
 
     op__log_softmax = op_log_softmax
+
+
+def _is_arange(value: Any, length: int) -> bool:
+    """Whether value is torch.arange(length) (start 0, step 1)."""
+    if not isinstance(value, torch.fx.Node) or _op_name(value) != "arange":
+        return False
+    numbers = [a for a in value.args if isinstance(a, int)]
+    start = value.kwargs.get("start", numbers[0] if len(numbers) > 1 else 0)
+    end = value.kwargs.get("end", numbers[1] if len(numbers) > 1 else (numbers[0] if numbers else None))
+    step = value.kwargs.get("step", numbers[2] if len(numbers) > 2 else 1)
+    return (start, end, step) == (0, length, 1)
 
 
 def _op_name(fx: torch.fx.Node) -> str:

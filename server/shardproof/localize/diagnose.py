@@ -177,6 +177,7 @@ class Localizer:
         detectors: list[Callable[[Node, int], Discrepancy | Unsupported | None]] = [
             self.partial_misuse,
             self.embedding_mask,
+            self.target_pick_mask,
             self.mismatch,
         ]
         found: Discrepancy | Unsupported | None = None
@@ -584,7 +585,7 @@ class Localizer:
     def partial_misuse(self, ref_node: Node, rank: int) -> Discrepancy | None:
         for position, value in enumerate(ref_node.inputs):
             relations = self.index.relations(value, rank)
-            if not relations or any(rel.kind != "psum" for rel, _ in relations):
+            if not relations or any(rel.kind not in ("psum", "pmax") for rel, _ in relations):
                 continue
             partials = [(rel, v) for rel, values in relations for v in values]
             consumers = [
@@ -619,10 +620,11 @@ class Localizer:
     ) -> Discrepancy:
         producer = self.rank_node(rank, partial_value)
         reduced = "input features" if producer is not None and producer.op == "linear" else "reduced indices"
+        partial = "partial max" if rel.kind == "pmax" else "partial sum"
         holds = (
-            f"rank {rank} holds a partial sum over its {reduced} [{rel.start}:{rel.end}] of {rel.total}"
+            f"rank {rank} holds a {partial} over its {reduced} [{rel.start}:{rel.end}] of {rel.total}"
             if rel.total
-            else f"rank {rank} holds a partial sum"
+            else f"rank {rank} holds a {partial}"
         )
         ref_input = self.ref_nodes.get(ref_value)
         other_values = [v for v in consumer.inputs if v != partial_value]
@@ -685,19 +687,21 @@ class Localizer:
                 found=holds,
                 suggestion="rearrange the partial sums so that the reduction's chunks are the ranks' slices",
             )
-        kind = "missing-reduction" if consumer.op in ("binary",) else "partial-sum-into-nonlinear"
-        producer_site = self.rank_site(producer, "the partial sum is produced here") if producer else None
+        kind = "missing-reduction" if consumer.op in ("binary",) or rel.kind == "pmax" else "partial-sum-into-nonlinear"
+        producer_site = self.rank_site(producer, f"the {partial} is produced here") if producer else None
         what = self.ref_value_name(ref_value) if ref_input is not None else ref_value
         consumer_desc = _describe_op(consumer)
         source = _describe_op(producer) if producer is not None else "partial computation"
         consumer_where = self.rank_site(consumer).short() if consumer.site else "?"
+        reduce_op = " (max)" if rel.kind == "pmax" else ""
         message = (
-            f"the partial sum of the {source} reaches the {consumer_desc} at {consumer_where} without an all-reduce"
+            f"the {partial} of the {source} reaches the {consumer_desc} at {consumer_where} "
+            f"without an all-reduce{reduce_op}"
         )
         related = [
             s
             for s in [
-                self.rank_site(consumer, f"the partial sum is used by {consumer_desc} here"),
+                self.rank_site(consumer, f"the {partial} is used by {consumer_desc} here"),
                 self.ref_site(ref_input, "the reference produces the full value here")
                 if ref_input is not None
                 else None,
@@ -714,7 +718,11 @@ class Localizer:
             parallel_nodes=[f"rank{rank}/{partial_value}", f"rank{rank}/{consumer.id}"],
             expected=f"{what} in full on every rank (replicated), as input {position} of the {_describe_op(ref_node)}",
             found=holds,
-            suggestion="all-reduce the partial sums (sum over the tensor-parallel group) before using them",
+            suggestion=(
+                "all-reduce the partial maxes (op=MAX over the tensor-parallel group) before using them"
+                if rel.kind == "pmax"
+                else "all-reduce the partial sums (sum over the tensor-parallel group) before using them"
+            ),
             details={**self._fix("wrap", "Insert the missing all-reduce"), "holdings": self._holdings(ref_value)},
         )
 
@@ -847,6 +855,66 @@ class Localizer:
                 suggestion=f"mask ids outside [{start}, {end}): (ids < {start}) | (ids >= {end})",
             )
         return None
+
+    def target_pick_mask(self, ref_node: Node, rank: int) -> Discrepancy | None:
+        """A vocabulary-parallel loss picks each target's logit on the rank holding its class: it
+        must pick local ids (target - start, masked) and zero the picks of targets outside its
+        classes [start, end) before the all-reduce."""
+        if ref_node.op != "pick":
+            return None
+        graph = self.ev.ranks[rank]
+        nodes = self.rank_nodes[rank]
+        dim = ref_node.attrs.get("dim", -1)
+        for node in graph.nodes:
+            if node.op != "pick":
+                continue
+            shard = [
+                rel
+                for rel in self.relations_between(ref_node.inputs[0], rank, node.inputs[0])
+                if rel.kind == "sel" and rel.dim == dim and len(rel.ranges) == 1
+            ]
+            if not shard:
+                continue
+            start, end = shard[0].ranges[0]
+            kept, offset, mask_node = self._mask_interval(nodes, nodes.get(node.inputs[1]))
+            problems = []
+            culprit: Node | None = None
+            if kept is not None and kept != (start, end):
+                problems.append(
+                    f"the mask keeps targets [{kept[0]}:{kept[1]}] but this rank holds classes [{start}:{end}]"
+                )
+                culprit = mask_node
+            elif offset is not None and offset != start:
+                problems.append(f"local target ids are shifted by {offset} instead of {start}")
+                culprit = nodes.get(node.inputs[1])
+            elif kept is not None and not self._zeroed_outside(rank, node):
+                problems.append(
+                    f"the logits picked for targets outside [{start}:{end}] are not zeroed before the all-reduce"
+                )
+                culprit = node
+            if not problems:
+                continue
+            return Discrepancy(
+                kind="wrong-shard",
+                message="vocab-parallel target logit: " + "; ".join(problems),
+                primary=self.rank_site(culprit) if culprit else self.rank_site(node),
+                reference=self.ref_site(ref_node, "the reference picks every target's logit"),
+                related=[s for s in [self.rank_site(node, f"the pick from classes [{start}:{end}]")] if s],
+                reference_node=ref_node.id,
+                parallel_nodes=[f"rank{rank}/{node.id}"],
+                expected=f"rank {rank} picks exactly the targets in [{start}:{end}] and zeroes the rest",
+                found=problems[0],
+                suggestion=f"mask targets outside [{start}, {end}): (targets < {start}) | (targets >= {end}), "
+                "pick target - start, and zero the picks of masked targets",
+            )
+        return None
+
+    def _zeroed_outside(self, rank: int, pick: Node) -> bool:
+        """Whether the pick's value is zeroed where its targets are masked (a fill by the mask)."""
+        consumers = [self.rank_nodes[rank][c] for c in self.rank_consumers[rank].get(pick.id, [])]
+        while len(consumers) == 1 and consumers[0].op == "view":
+            consumers = [self.rank_nodes[rank][c] for c in self.rank_consumers[rank].get(consumers[0].id, [])]
+        return any(c.op in ("fill", "where") for c in consumers)
 
     def _mask_interval(
         self, nodes: dict[str, Node], ids: Node | None

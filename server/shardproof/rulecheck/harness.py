@@ -130,16 +130,24 @@ def class_facts() -> frozenset[tuple[str, str]]:
 # -- instance generation --------------------------------------------------------------------------------
 @dataclass
 class Measure:
-    """A value split into K contributions along a reduced index (what a partial-sum fact is about)."""
+    """A value split into K contributions along a reduced index (what a partial-sum fact is about,
+    or with `combine` "max" a partial-max fact)."""
 
     parts: torch.Tensor  # [K, *shape]
+    combine: str = "sum"
 
     @property
     def size(self) -> int:
         return self.parts.shape[0]
 
     def part(self, start: int, end: int) -> torch.Tensor:
-        return self.parts[start:end].sum(0)
+        return combine(self.combine, self.parts[start:end])
+
+
+def combine(kind: str, parts: Any) -> torch.Tensor:
+    """The sum or the max of stacked (or listed) contributions."""
+    stacked = parts if isinstance(parts, torch.Tensor) else torch.stack(list(parts))
+    return stacked.amax(0) if kind == "max" else stacked.sum(0)
 
 
 @dataclass
@@ -205,12 +213,12 @@ class Gen:
         self.random.shuffle(pieces)
         return meaning.range_list(pieces or [(0, n)])
 
-    def contributions(self, shape: tuple[int, ...], size: int) -> Measure:
-        return Measure(torch.randn(size, *shape, dtype=torch.float64, generator=self.generator))
+    def contributions(self, shape: tuple[int, ...], size: int, kind: str = "sum") -> Measure:
+        return Measure(torch.randn(size, *shape, dtype=torch.float64, generator=self.generator), kind)
 
     def total(self, measure: Measure) -> torch.Tensor:
         """The value a measure adds up to (registered, so partial-sum premises about it can be checked)."""
-        total = measure.parts.sum(0)
+        total = measure.part(0, measure.size)
         self.measures[id(total)] = measure
         return total
 
@@ -232,6 +240,7 @@ class Partial:
     start: int
     end: int
     size: int
+    kind: str = "sum"  # "max": a partial max
 
 
 @dataclass
@@ -361,22 +370,30 @@ class Instance:
             partial, lookup, mask, _start, _end = args
             keep = ~mask.bool()
             return partial.shape == lookup.shape and same(partial[keep], lookup[keep])
-        if name == "psum" and premise:
+        if name in ("psum", "pmax") and premise:
             total, contribution, start, end, size = args
             measure = self.gen.measures.get(id(total))
             if measure is None:
-                raise RecipeError("a partial-sum premise needs its value made by gen.total(measure)")
-            return measure.size == size and 0 <= start <= end <= size and same(contribution, measure.part(start, end))
-        if name == "cover":
+                raise RecipeError(f"a {name} premise needs its value made by gen.total(measure)")
+            kind = "max" if name == "pmax" else "sum"
+            return (
+                measure.combine == kind
+                and measure.size == size
+                and 0 <= start <= end <= size
+                and same(contribution, measure.part(start, end))
+            )
+        if name in ("cover", "maxcover"):
             total, members, end, size = args
             measure = self.gen.measures.get(id(total))
             if measure is None:
-                raise RecipeError("a cover needs its value made by gen.total(measure)")
+                raise RecipeError(f"a {name} needs its value made by gen.total(measure)")
+            kind = "max" if name == "maxcover" else "sum"
             return (
                 isinstance(members, MultiSet)
+                and measure.combine == kind
                 and measure.size == size
                 and 0 < end <= size
-                and same(sum(members[1:], members[0]), measure.part(0, end))
+                and same(combine(kind, members), measure.part(0, end))
             )
         raise ValueError(f"no meaning for relation {name}")
 
@@ -396,9 +413,10 @@ class Instance:
                 else:
                     dim = self.evaluate(target[2])
                     holds = -tensor.dim() <= dim < 0 and tensor.shape[dim] == value
-            elif name == "psum":
+            elif name in ("psum", "pmax"):
                 value, contribution, start, end, size = (self.evaluate(a) for a in form[1:])
-                result.partials.append(Partial(value, contribution, start, end, size))
+                kind = "max" if name == "pmax" else "sum"
+                result.partials.append(Partial(value, contribution, start, end, size, kind))
                 return
             elif name == "selp":
                 args = [self.evaluate(a) for a in form[1:]]
@@ -449,13 +467,13 @@ def _partials_wrong(partials: list[Partial]) -> str | None:
     if not partials:
         return None
     first = partials[0]
-    if any(p.size != first.size or not same(p.value, first.value) for p in partials):
+    if any(p.size != first.size or p.kind != first.kind or not same(p.value, first.value) for p in partials):
         return "the ranks' partial sums are of different values"
     pieces = sorted((p.start, p.end) for p in partials)
     edges = [0] + [end for _, end in pieces]
     if [start for start, _ in pieces] != edges[:-1] or edges[-1] != first.size:
         return f"the ranks' contributions {pieces} do not tile [0, {first.size})"
-    total = sum((p.contribution for p in partials[1:]), partials[0].contribution)
+    total = combine(first.kind, [p.contribution for p in partials])
     if not same(total, first.value):
         error = (total - first.value).abs().max().item() if total.shape == first.value.shape else "shape"
         return f"the ranks' contributions do not add up to the value (max error {error})"

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..capture.normalize import _BINARY, _UNARY
 from .harness import Gen, Recipe, class_facts
-from .meaning import MultiSet, indices, range_list
+from .meaning import MultiSet, indices, outside, range_list
 
 INSTANCES: dict[str, Recipe] = {}
 NEAR_MISSES: dict[str, Recipe] = {}
@@ -1232,3 +1234,79 @@ def _(g: Gen) -> dict[str, Any] | None:
 def _(g: Gen) -> dict[str, Any]:
     Z, parts, _tiles, size = _tiling(g)
     return {"Z": Z, "ms": MultiSet(parts), "K": size}
+
+
+# ---------------------------------------------------------------------------------------------
+# vocabulary-parallel losses
+# ---------------------------------------------------------------------------------------------
+@instance("max-of-selection-is-partial")
+def _(g: Gen) -> dict[str, Any]:
+    n = g.int(4, 9)
+    shape = _shape(g, 3)
+    d = g.int(-3, -1)
+    shape[d] = n
+    s, e = g.tile(n)
+    return {"X": g.tensor(*shape), "d": d, "k": g.int(0, 1), "s": s, "e": e}
+
+
+def _max_tiling(g: Gen) -> tuple[Any, list[Any], list[tuple[int, int]], int]:
+    size = g.int(g.world, g.world + 5)
+    measure = g.contributions(tuple(_shape(g, 2)), size, kind="max")
+    tiles = g.tiles(size)
+    return g.total(measure), [measure.part(s, e) for s, e in tiles], tiles, size
+
+
+@instance("max-cover-start")
+def _(g: Gen) -> dict[str, Any]:
+    Z, parts, tiles, size = _max_tiling(g)
+    return {"Z": Z, "p": parts[0], "e": tiles[0][1], "K": size}
+
+
+@instance("max-cover-extend")
+def _(g: Gen) -> dict[str, Any] | None:
+    if g.rank == 0:  # the first tile starts a cover; it does not extend one
+        return None
+    Z, parts, tiles, size = _max_tiling(g)
+    s, e = tiles[g.rank]
+    return {"Z": Z, "ms": MultiSet(parts[: g.rank]), "e": s, "p": parts[g.rank], "f": e, "K": size}
+
+
+@instance("all-reduce-max-of-tiling")
+def _(g: Gen) -> dict[str, Any]:
+    Z, parts, _tiles, size = _max_tiling(g)
+    return {"Z": Z, "ms": MultiSet(parts), "K": size}
+
+
+def _logits_and_targets(g: Gen, tiled: bool) -> dict[str, Any]:
+    """Logits [rows..., K] (or with the classes along another dim) and class-index targets."""
+    classes = g.int(max(g.world, 4), 10)
+    rows = (g.int(1, 3), g.int(2, 4))
+    d = g.pick((-1, -2))
+    shape = (*rows, classes) if d == -1 else (rows[0], classes, rows[1])
+    s, e = g.tile(classes) if tiled else (0, classes)
+    return {"Z": g.tensor(*shape), "I": g.ids(rows, classes), "d": d, "s": s, "e": e}
+
+
+@instance("target-pick-is-partial")
+def _(g: Gen) -> dict[str, Any]:
+    return _logits_and_targets(g, tiled=True)
+
+
+def _whole_classes(g: Gen, off_by_one: bool) -> dict[str, Any]:
+    """The masking of a vocabulary-parallel loss at world size 1: [0, K) is all of it. The near
+    miss masks [0, K - 1) and has a target K - 1, whose pick is then wrong."""
+    bindings = _logits_and_targets(g, tiled=False)
+    classes = bindings["Z"].shape[bindings["d"]]
+    ids = bindings["I"]
+    if off_by_one:
+        ids = ids.clone()
+        ids.view(-1)[0] = classes - 1
+    end = classes - 1 if off_by_one else classes
+    mask = outside(ids, 0, end)
+    return bindings | {"I": ids, "K": end, "m": mask, "l": torch.where(mask, 0, ids)}
+
+
+instance_and_near_miss("target-whole-range-pick", _whole_classes)
+
+
+instance_and_near_miss("target-whole-range-mask", _whole_classes)

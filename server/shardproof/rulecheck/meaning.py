@@ -213,6 +213,16 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     )
 
 
+def _pick(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """x.gather(d, i.unsqueeze(d)).squeeze(d): row by row, the entry i names along d."""
+    dim = _checked_dim(x, dim)
+    if index.dim() != x.dim() - 1 or index.dtype.is_floating_point:
+        raise Undefined("a pick needs integer indices with one entry per row")
+    if index.numel() and (index.min() < 0 or index.max() >= x.shape[dim]):
+        raise Undefined(f"an index outside a dim of {x.shape[dim]}")
+    return x.gather(dim, index.long().unsqueeze(dim)).squeeze(dim)
+
+
 def narrow_range(x: torch.Tensor, dim: int, start: int, end: int) -> torch.Tensor:
     dim = _checked_dim(x, dim)
     if not 0 <= start <= end <= x.shape[dim]:
@@ -239,6 +249,7 @@ TENSOR_CONSTRUCTORS: dict[str, Callable[..., Any]] = {
     "Linear": F.linear,
     "Matmul": torch.matmul,
     "Emb": lambda w, ids: F.embedding(ids.long(), w),
+    "Pick": lambda x, i, d: _pick(x, i, d),
     "Sdpa": lambda q, k, v, at: _sdpa(q, k, v, None, at),
     "SdpaMask": lambda q, k, v, m, at: _sdpa(q, k, v, m, at),
     "SumN": lambda ms: sum(ms[1:], ms[0]),

@@ -259,6 +259,8 @@ class Encoder:
             self.let(name, f"(Matmul {ins[0]} {ins[1]})", meta)
         elif op == "embedding":
             self.let(name, f"(Emb {ins[0]} {ins[1]})", meta)
+        elif op == "pick":
+            self.let(name, f"(Pick {ins[0]} {ins[1]} {a['dim']})", meta)
         elif op == "sdpa":
             attrs = _q(json.dumps(a, sort_keys=True))
             if len(ins) == 4:
@@ -340,11 +342,11 @@ class Encoder:
                     self.commands.append(f"(arin {t})")
                 total = f"(SumN {collection})"
                 return total if op == "sum" else f'(ScI "div" {total} {len(group)})'
-            return (
-                f"({'MaxN' if op == 'max' else 'MinN'} {collection})"
-                if op in ("max", "min")
-                else f"(Leaf {_q('unsupported reduction ' + op)})"
-            )
+            if op not in ("max", "min"):
+                return f"(Leaf {_q('unsupported reduction ' + op)})"
+            for t in inputs:
+                self.commands.append(f"(arin {t})")
+            return f"({'MaxN' if op == 'max' else 'MinN'} {collection})"
         if coll.kind == "all_gather":
             nd = len(metas[0].shape)
             return self._inline_cat(inputs, metas, -nd)

@@ -25,6 +25,7 @@ class Facts:
     sel: list[tuple[int, int, int, Ranges]] = field(default_factory=list)  # (ref, part, dim, ranges)
     selw: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)  # (ref, part, dim, lo, hi, n)
     psum: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (ref, part, start, end, total)
+    pmax: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (ref, part, start, end, total)
     frac: list[tuple[int, int, int, int]] = field(default_factory=list)  # (ref, part, num, den)
 
     def to_dict(self) -> dict[str, Any]:
@@ -37,6 +38,7 @@ class Facts:
             sel=[(a, b, d, tuple(tuple(r) for r in rs)) for a, b, d, rs in data["sel"]],  # type: ignore[misc]
             selw=[tuple(x) for x in data["selw"]],  # type: ignore[misc]
             psum=[tuple(x) for x in data["psum"]],  # type: ignore[misc]
+            pmax=[tuple(x) for x in data.get("pmax", [])],  # type: ignore[misc]
             frac=[tuple(x) for x in data["frac"]],  # type: ignore[misc]
         )
 
@@ -143,6 +145,8 @@ def read_facts(egraph: EGraph) -> Facts:
         facts.selw.append((cls(inputs[0]), cls(inputs[1]), *(egraph.to_int(v) for v in inputs[2:])))  # type: ignore[arg-type]
     for inputs, _ in functions["psum"].rows:
         facts.psum.append((cls(inputs[0]), cls(inputs[1]), *(egraph.to_int(v) for v in inputs[2:])))  # type: ignore[arg-type]
+    for inputs, _ in functions["pmax"].rows:
+        facts.pmax.append((cls(inputs[0]), cls(inputs[1]), *(egraph.to_int(v) for v in inputs[2:])))  # type: ignore[arg-type]
     for inputs, _ in functions["frac"].rows:
         facts.frac.append((cls(inputs[0]), cls(inputs[1]), *(egraph.to_int(v) for v in inputs[2:])))  # type: ignore[arg-type]
     return facts

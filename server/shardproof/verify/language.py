@@ -12,9 +12,15 @@ Relations (Datalog facts, all existence-guarded by the rules that derive them):
   (psum X x s e K)       x is the contribution of reduced indices [s, e) of K to X: summing such
                           contributions over a tiling of [0, K) gives X (row-parallel partial sums)
   (frac X x p q)         x == X * p / q (a rank's share of a replicated bias)
+  (pmax X x s e K)       x is the max over reduced indices [s, e) of K of what X is the max of:
+                          the max of such contributions over a tiling of [0, K) is X
   (outside m ids s e)    m == (ids < s) | (ids >= e)           (vocab-parallel masks)
   (localids l ids s e)   l == where(m, 0, ids - s) for such an m
   (embpart y0 Y m s e)   y0 == embedding of the ids in [s, e) of Y, garbage where m is set
+  (arin x)               x feeds an all-reduce (sum, max or min)
+
+`(Pick X I d)` is X.gather(d, I.unsqueeze(d)).squeeze(d): row by row, the entry I names along d
+(a target's logit).
 
 Range lists `Rg` are built from RNil/RCons; RApp, RShift, RSub, RClip, RDiv, RMul and RCompose are
 evaluated by the `ranges` ruleset. A rule whose conclusion needs a computed list states it as a
@@ -49,6 +55,7 @@ DECLARATIONS = r"""
     (Linear T T)
     (Matmul T T)
     (Emb T T)
+    (Pick T T i64)
     (Sdpa T T T String)
     (SdpaMask T T T T String)
     (SumN TSet)
@@ -80,9 +87,11 @@ DECLARATIONS = r"""
 (relation evaluated (Rg))
 (relation selw (T T i64 i64 i64 i64))
 (relation psum (T T i64 i64 i64))
+(relation pmax (T T i64 i64 i64))
 (relation frac (T T i64 i64))
 (relation arin (T))
 (relation cover (T TSet i64 i64))
+(relation maxcover (T TSet i64 i64))
 (relation outside (T T i64 i64))
 (relation localids (T T i64 i64))
 (relation embpart (T T T i64 i64))
@@ -97,4 +106,4 @@ DECLARATIONS = r"""
 """
 
 # Relations whose rows the verifier reads back after saturation.
-RESULT_RELATIONS = ("sel", "selw", "psum", "frac", "node")
+RESULT_RELATIONS = ("sel", "selw", "psum", "pmax", "frac", "node")

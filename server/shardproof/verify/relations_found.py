@@ -13,7 +13,7 @@ from .engine import Facts, Ranges
 class Relation:
     """How a rank value relates to a reference value (see verify/language.py)."""
 
-    kind: str  # equal | sel | selw | psum | frac
+    kind: str  # equal | sel | selw | psum | pmax | frac
     part: int  # e-class of the rank value
     dim: int = 0
     ranges: Ranges = ()
@@ -40,6 +40,8 @@ class Relation:
             )
         if self.kind == "psum":
             return f"a partial sum over [{self.start}:{self.end}] of the {self.total} {reduced}"
+        if self.kind == "pmax":
+            return f"a partial max over [{self.start}:{self.end}] of the {self.total} {reduced}"
         if self.kind == "frac":
             return f"{self.num}/{self.den} of the value"
         return self.kind
@@ -69,6 +71,8 @@ class RelationIndex:
             self.by_ref[ref].append(Relation("selw", part, dim=dim, lo=lo, hi=hi, length=n))
         for ref, part, s, e, k in facts.psum:
             self.by_ref[ref].append(Relation("psum", part, start=s, end=e, total=k))
+        for ref, part, s, e, k in facts.pmax:
+            self.by_ref[ref].append(Relation("pmax", part, start=s, end=e, total=k))
         for ref, part, p, q in facts.frac:
             self.by_ref[ref].append(Relation("frac", part, num=p, den=q))
 

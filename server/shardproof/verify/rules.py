@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "5"
+RULE_LIBRARY_VERSION = "6"
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,8 @@ class Rule:
 # Rule families, one ruleset each: the range-list algebra and shape inference (run to saturation
 # before every pass), then distribution over concatenation, slice algebra, layout (reshape,
 # transpose, expand, repeat), column/row-parallel matmul, attention and softmax, normalisation and
-# other reductions, elementwise ops, vocab-parallel embedding masking, and partial-sum algebra.
+# other reductions, elementwise ops, vocab-parallel embedding masking, partial-sum algebra, and
+# vocab-parallel losses (partial maxes, the target's logit).
 FAMILIES = (
     "ranges",
     "shapes",
@@ -43,6 +44,7 @@ FAMILIES = (
     "elementwise",
     "embedding",
     "partial",
+    "loss",
 )
 SATURATED_FAMILIES = ("ranges", "shapes")
 
@@ -732,6 +734,54 @@ _rule(
     "partial",
     "summing contributions that tile [0, K) gives the value",
     "(rule ((cover Z ms K K) (= S (SumN ms))) ((union Z S)))",
+)
+
+# ---------------------------------------------------------------------------------------------
+# vocabulary-parallel losses: the max over the classes, the target's logit
+# ---------------------------------------------------------------------------------------------
+_rule(
+    "max-of-selection-is-partial",
+    "loss",
+    "the max over one range of the reduced dim is a partial max",
+    '(rule ((= Y (Red "amax" X d k)) (= y (Red "amax" x d k)) (sel X x d (RCons s e (RNil))) (= K (sz X d))) '
+    "((pmax Y y s e K)))",
+)
+_rule(
+    "max-cover-start",
+    "loss",
+    "collect partial maxes tiling [0, e) that feed an all-reduce",
+    "(rule ((pmax Z p 0 e K) (arin p)) ((maxcover Z (multiset-of p) e K)))",
+)
+_rule(
+    "max-cover-extend",
+    "loss",
+    "extend a tiling of partial maxes by the next contiguous one",
+    "(rule ((maxcover Z ms e K) (pmax Z p e f K) (arin p)) ((maxcover Z (multiset-insert ms p) f K)))",
+)
+_rule(
+    "all-reduce-max-of-tiling",
+    "loss",
+    "the max of partial maxes that tile [0, K) is the max",
+    "(rule ((maxcover Z ms K K) (= M (MaxN ms))) ((union Z M)))",
+)
+_rule(
+    "target-pick-is-partial",
+    "loss",
+    "picking the local ids of targets in [s, e) from classes [s, e), zero elsewhere, is their contribution",
+    "(rule ((sel Z z d (RCons s e (RNil))) (outside m I s e) (localids l I s e) (= q (Pick z l d)) "
+    '(= y (Fill q m "0.0")) (= Y (Pick Z I d)) (= K (sz Z d))) ((psum Y y s e K)))',
+)
+_rule(
+    "target-whole-range-pick",
+    "loss",
+    "local ids of the whole class range [0, K) are the targets themselves (targets are class indices)",
+    "(rule ((localids l I 0 K) (= y (Pick Z l d)) (= K (sz Z d))) ((union y (Pick Z I d))))",
+)
+_rule(
+    "target-whole-range-mask",
+    "loss",
+    "no target lies outside the whole class range [0, K): zeroing the picks of outside targets changes nothing",
+    '(rule ((outside m I 0 K) (= Y (Pick Z I d)) (= K (sz Z d)) (= y (Fill Y m "0.0"))) ((union y Y)))',
 )
 
 _FACTS = r"""
