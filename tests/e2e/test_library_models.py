@@ -30,6 +30,8 @@ pytestmark = pytest.mark.slow
         # fairscale's vocab_parallel_cross_entropy of logits sharded over the vocabulary: a MAX
         # all-reduce, the target's logit picked by x[arange(N), ids] on its rank, summed
         ("fairscale_llama", "fairscale-llama3-loss"),
+        # Megatron-core's vocab_parallel_cross_entropy (float32 upcast, in-place shifts and exp)
+        ("megatron_gpt", "megatron-loss"),
         # Megatron-core's Column/RowParallelLinear and VocabParallelEmbedding, fused per-head QKV
         ("megatron_gpt", "megatron-tp"),
         # the same with sequence parallelism: scatter, all-gather and reduce-scatter on the sequence dim
@@ -161,6 +163,29 @@ def test_a_library_frame_is_related_information_not_the_site(variant_projects, s
     finding = result.results[0].discrepancies[0]
     inside = [s for s in finding.related if "fairscale" in s.file]
     assert inside and inside[0].note.startswith("inside fairscale"), finding.related
+
+
+def test_megatron_label_smoothing_over_the_local_vocabulary_is_found(tmp_path: Path, sandbox) -> None:
+    """A real, unfixed Megatron-core bug (Megatron-LM #737, #7464; megatron-core 0.16.1): with label
+    smoothing, vocab_parallel_cross_entropy averages the log-probabilities over this rank's
+    vocabulary shard (and takes the shard's size for the vocabulary's), so the loss depends on the
+    tensor-parallel size. Reported at the user's call, with the library's line as related
+    information, and confirmed with real numbers."""
+    root = shutil.copytree(EXAMPLES / "megatron_gpt", tmp_path / "megatron_gpt")
+    model = root / "mg_gpt" / "model.py"
+    model.write_text(model.read_text().replace("    label_smoothing = 0.0\n", "    label_smoothing = 0.1\n"))
+    project = load_project(root)
+    (outcome,) = verify_check(project.check("megatron-loss"), project, [2], sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    finding = outcome.discrepancies[0]
+    assert finding.primary is not None and finding.primary.file.endswith("mg_gpt/model.py")
+    lines = model.read_text().splitlines()
+    call = next(i + 1 for i, line in enumerate(lines) if "vocab_parallel_cross_entropy(" in line)
+    assert finding.primary.line == call
+    assert "mean" in finding.message and "the slice [0:128]" in finding.message, finding.message
+    inside = [s for s in finding.related if s.file.endswith("tensor_parallel/cross_entropy.py")]
+    assert inside and "inside megatron" in inside[0].note, finding.related
+    assert finding.witness is not None and finding.witness["status"] == "confirmed", finding.witness
 
 
 SAME_CODE_MODEL = """

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from .model import Llama
+from .model import LlamaConfig, LlamaWithLoss
 from .tp import ParallelLlama
 from .tp import parallelize as parallelize_model
 
@@ -52,22 +51,25 @@ def vocab_parallel_cross_entropy(
     return loss
 
 
-class ParallelLlamaWithLoss(nn.Module):
-    def __init__(self, model: ParallelLlama, rank: int, vocab_size: int, label_smoothing: float) -> None:
-        super().__init__()
-        self.model = model
-        self.model.output.gather_output = False  # the logits stay sharded over the vocabulary
-        self.vocab_size = vocab_size
-        self.vocab_start = rank * model.output.weight.shape[0]
-        self.label_smoothing = label_smoothing
+class ParallelLlamaWithLoss(ParallelLlama):
+    """The tensor-parallel model whose logits stay sharded over the vocabulary, and its loss."""
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.model(tokens)
+    def __init__(self, cfg: LlamaConfig, rank: int, world_size: int) -> None:
+        super().__init__(cfg, rank, world_size)
+        self.output.gather_output = False
+        self.vocab_size = cfg.vocab_size
+        self.vocab_start = rank * (cfg.vocab_size // world_size)
+        self.label_smoothing = 0.0
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        logits = super().forward(tokens)
         loss = vocab_parallel_cross_entropy(logits, targets, self.vocab_start, self.vocab_size, self.label_smoothing)
         return loss.mean()
 
 
-def parallelize(reference: Llama, rank: int, world_size: int) -> ParallelLlamaWithLoss:
-    """This rank's tensor-parallel model (see tp.py) and its vocab-parallel loss."""
-    model = parallelize_model(reference, rank, world_size)
-    return ParallelLlamaWithLoss(model, rank, reference.cfg.vocab_size, reference.label_smoothing)
+def parallelize(reference: LlamaWithLoss, rank: int, world_size: int) -> ParallelLlamaWithLoss:
+    """This rank's tensor-parallel model (see tp.py) with its vocab-parallel loss."""
+    model = parallelize_model(reference, rank, world_size, model_class=ParallelLlamaWithLoss)
+    assert isinstance(model, ParallelLlamaWithLoss)
+    model.label_smoothing = reference.label_smoothing
+    return model

@@ -172,10 +172,12 @@ def load_feed_forward(ffn: ParallelFeedForward, ref: nn.Module, rank: int, world
 
 
 @torch.no_grad()
-def parallelize(reference: Llama, rank: int, world_size: int) -> ParallelLlama:
+def parallelize(
+    reference: Llama, rank: int, world_size: int, model_class: type[ParallelLlama] = ParallelLlama
+) -> ParallelLlama:
     """Build this rank's tensor-parallel model and load its shard of the reference weights."""
     cfg = reference.cfg
-    model = ParallelLlama(cfg, rank, world_size)
+    model = model_class(cfg, rank, world_size)
     model.tok_embeddings.weight.copy_(shard(reference.tok_embeddings.weight, 0, rank, world_size))
     for layer, ref_layer in zip(model.layers, reference.layers, strict=True):
         layer.attention_norm.weight.copy_(ref_layer.attention_norm.weight)

@@ -6,7 +6,8 @@ VocabParallelEmbedding; attention and MLP use ColumnParallelLinear / RowParallel
 fused QKV projection in Megatron's per-head [q, k, v] layout). With sequence parallelism the
 hidden states between the tensor-parallel regions are split along the sequence: the embedding
 output is scattered, the column-parallel layers all-gather their input, the row-parallel layers
-reduce-scatter their output, and the norms run on sequence shards.
+reduce-scatter their output, and the norms run on sequence shards. `GPTWithLoss` is the training
+forward: Megatron-core's vocab_parallel_cross_entropy of the logits sharded over the vocabulary.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from megatron.core.tensor_parallel import (
     VocabParallelEmbedding,
     gather_from_tensor_model_parallel_region,
     scatter_to_sequence_parallel_region,
+    vocab_parallel_cross_entropy,
 )
 from torch import nn
 
@@ -129,16 +131,31 @@ class GPT(nn.Module):
         )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return gather_from_tensor_model_parallel_region(self.sharded_logits(tokens)).transpose(0, 1)
+
+    def sharded_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[seq, batch, vocab / world size]: this rank's vocabulary shard of the logits."""
         h = self.embedding(tokens).transpose(0, 1).contiguous()  # [seq, batch, hidden]
         if self.sequence_parallel:
             h = scatter_to_sequence_parallel_region(h)
         for block in self.blocks:
             h = block(h)
         logits, _ = self.output(self.norm(h))  # all-gathers the sequence first under sequence parallelism
-        return gather_from_tensor_model_parallel_region(logits).transpose(0, 1)
+        return logits
 
 
-def build(args: GPTArgs | None = None) -> GPT:
+class GPTWithLoss(GPT):
+    """The training forward: the mean next-token loss by Megatron-core's vocab-parallel cross entropy."""
+
+    label_smoothing = 0.0
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        logits = self.sharded_logits(tokens)
+        loss = vocab_parallel_cross_entropy(logits, targets.transpose(0, 1).contiguous(), self.label_smoothing)
+        return loss.mean()
+
+
+def build(args: GPTArgs | None = None, model_class: type[GPT] = GPT) -> GPT:
     args = args or GPTArgs()
     world_size = dist.get_world_size()
     # Megatron refuses sequence parallelism without tensor parallelism: off at world size 1.
@@ -149,11 +166,22 @@ def build(args: GPTArgs | None = None) -> GPT:
         perform_initialization=False,
         params_dtype=torch.float32,
     )
-    return GPT(args, config)
+    return model_class(args, config)
+
+
+def build_with_loss() -> GPT:
+    return build(model_class=GPTWithLoss)
 
 
 def build_sequence_parallel() -> GPT:
     return build(GPTArgs(sequence_parallel=True))
+
+
+def example_inputs_with_targets() -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and the next token at every position (class indices in [0, vocab_size))."""
+    generator = torch.Generator().manual_seed(0)
+    sequence = torch.randint(0, GPTArgs().vocab_size, (2, 17), generator=generator)
+    return sequence[:, :-1].contiguous(), sequence[:, 1:].contiguous()
 
 
 def example_inputs() -> tuple[torch.Tensor]:
