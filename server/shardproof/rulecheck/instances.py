@@ -1208,32 +1208,38 @@ def _(g: Gen) -> dict[str, Any]:
     return {"A": A, "B": g.tensor(*A.shape), "p": 1, "q": g.int(2, 4), "f": g.pick(("add", "sub"))}
 
 
-def _tiling(g: Gen) -> tuple[Any, list[Any], list[tuple[int, int]], int]:
+def _tiling(g: Gen, kind: str) -> tuple[Any, list[Any], list[tuple[int, int]], int]:
     size = g.int(g.world, g.world + 5)
-    measure = g.contributions(tuple(_shape(g, 2)), size)
+    measure = g.contributions(tuple(_shape(g, 2)), size, kind)
     tiles = g.tiles(size)
     return g.total(measure), [measure.part(s, e) for s, e in tiles], tiles, size
 
 
-@instance("reduction-cover-start")
-def _(g: Gen) -> dict[str, Any]:
-    Z, parts, tiles, size = _tiling(g)
-    return {"Z": Z, "p": parts[0], "e": tiles[0][1], "K": size}
+def _cover_recipes(kind: str, start: str, extend: str, whole: str) -> None:
+    """Recipes of the three rules that collect contributions (partial sums or maxes) tiling a
+    reduction and give the all-reduce of the tiling its value."""
+
+    @instance(start)
+    def _(g: Gen) -> dict[str, Any]:
+        Z, parts, tiles, size = _tiling(g, kind)
+        return {"Z": Z, "p": parts[0], "e": tiles[0][1], "K": size}
+
+    @instance(extend)
+    def _(g: Gen) -> dict[str, Any] | None:
+        if g.rank == 0:  # the first tile starts a cover; it does not extend one
+            return None
+        Z, parts, tiles, size = _tiling(g, kind)
+        s, e = tiles[g.rank]
+        return {"Z": Z, "ms": MultiSet(parts[: g.rank]), "e": s, "p": parts[g.rank], "f": e, "K": size}
+
+    @instance(whole)
+    def _(g: Gen) -> dict[str, Any]:
+        Z, parts, _tiles, size = _tiling(g, kind)
+        return {"Z": Z, "ms": MultiSet(parts), "K": size}
 
 
-@instance("reduction-cover-extend")
-def _(g: Gen) -> dict[str, Any] | None:
-    if g.rank == 0:  # the first tile starts a cover; it does not extend one
-        return None
-    Z, parts, tiles, size = _tiling(g)
-    s, e = tiles[g.rank]
-    return {"Z": Z, "ms": MultiSet(parts[: g.rank]), "e": s, "p": parts[g.rank], "f": e, "K": size}
-
-
-@instance("all-reduce-of-tiling")
-def _(g: Gen) -> dict[str, Any]:
-    Z, parts, _tiles, size = _tiling(g)
-    return {"Z": Z, "ms": MultiSet(parts), "K": size}
+_cover_recipes("sum", "reduction-cover-start", "reduction-cover-extend", "all-reduce-of-tiling")
+_cover_recipes("max", "max-cover-start", "max-cover-extend", "all-reduce-max-of-tiling")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1247,34 +1253,6 @@ def _(g: Gen) -> dict[str, Any]:
     shape[d] = n
     s, e = g.tile(n)
     return {"X": g.tensor(*shape), "d": d, "k": g.int(0, 1), "s": s, "e": e}
-
-
-def _max_tiling(g: Gen) -> tuple[Any, list[Any], list[tuple[int, int]], int]:
-    size = g.int(g.world, g.world + 5)
-    measure = g.contributions(tuple(_shape(g, 2)), size, kind="max")
-    tiles = g.tiles(size)
-    return g.total(measure), [measure.part(s, e) for s, e in tiles], tiles, size
-
-
-@instance("max-cover-start")
-def _(g: Gen) -> dict[str, Any]:
-    Z, parts, tiles, size = _max_tiling(g)
-    return {"Z": Z, "p": parts[0], "e": tiles[0][1], "K": size}
-
-
-@instance("max-cover-extend")
-def _(g: Gen) -> dict[str, Any] | None:
-    if g.rank == 0:  # the first tile starts a cover; it does not extend one
-        return None
-    Z, parts, tiles, size = _max_tiling(g)
-    s, e = tiles[g.rank]
-    return {"Z": Z, "ms": MultiSet(parts[: g.rank]), "e": s, "p": parts[g.rank], "f": e, "K": size}
-
-
-@instance("all-reduce-max-of-tiling")
-def _(g: Gen) -> dict[str, Any]:
-    Z, parts, _tiles, size = _max_tiling(g)
-    return {"Z": Z, "ms": MultiSet(parts), "K": size}
 
 
 def _logits_and_targets(g: Gen, tiled: bool) -> dict[str, Any]:
