@@ -10,7 +10,7 @@ reference = "mymodel.model:build"              # () -> nn.Module, the sequential
 parallel = "mymodel.tp:parallelize"            # (reference_module, rank, world_size) -> nn.Module
 inputs = "mymodel.model:example_inputs"        # () -> tuple of example inputs
 world-sizes = [2, 4, 8]
-outputs = "replicated"                         # optional: replicated | sharded | partial (default sharded)
+outputs = "replicated"                         # optional: replicated | sharded | partial | last-rank (default sharded)
 
 [tool.shardproof.check.parameters]            # optional overrides, by rank parameter name pattern
 "layers.*.rotary.inv_freq" = "replicated"      # replicated | shard:<dim> | share (1/world_size of it)
@@ -56,7 +56,7 @@ from typing import Any
 from .errors import ConfigError
 from .graph.model import Frame
 
-OUTPUT_EXPECTATIONS = ("replicated", "sharded", "partial")
+OUTPUT_EXPECTATIONS = ("replicated", "sharded", "partial", "last-rank")
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _RELATION = re.compile(
     r"^(?P<relation>replicated|share|shard:-?\d+|packed-shard:-?\d+:[1-9]\d*)(?:\s+of\s+(?P<reference>\S+))?$"

@@ -219,7 +219,14 @@ def verify_world_size(
         result.inconclusive.append(Unsupported("bound", message))
         seconds["localization"] = time.perf_counter() - start
         return result
-    evidence = Evidence(captured.reference.graph, ranks, [r.values for r in captured.ranks], index, unit.issues)
+    evidence = Evidence(
+        captured.reference.graph,
+        ranks,
+        [r.values for r in captured.ranks],
+        index,
+        unit.issues,
+        outputs_of=[len(ranks) - 1] if check.outputs == "last-rank" else None,
+    )
     finding = explain(evidence, failing)
     if isinstance(finding, Discrepancy):
         result.verdict = "discrepancy"

@@ -21,6 +21,7 @@ DISCREPANCY_KINDS = {
     "wrong-layout": "a tensor is gathered, reshaped or concatenated along the wrong dimension",
     "unrelated-parameter": "a parameter is not derived from the reference weights",
     "collective-mismatch": "ranks disagree on their collective calls",
+    "wrong-handover": "a pipeline stage hands the next stage less than it needs to continue",
     "not-equivalent": "a value matches nothing the reference computes",
 }
 

@@ -67,8 +67,8 @@ VARIANTS: tuple[BugVariant, ...] = (
         "fairscale-lm-head-not-gathered",
         "the column-parallel LM head's vocabulary shards are returned without the gather",
         "fs_llama/model.py",
-        "return gather_from_model_parallel_region(self.output(self.norm(h)))",
-        "return self.output(self.norm(h))",
+        "return gather_from_model_parallel_region(self.output(self.norm(self.hidden_states(tokens))))",
+        "return self.output(self.norm(self.hidden_states(tokens)))",
         "wrong-layout",
     ),
     BugVariant(
@@ -88,8 +88,8 @@ VARIANTS: tuple[BugVariant, ...] = (
         "megatron-logits-not-gathered",
         "the vocabulary-parallel logits are returned without the tensor-parallel gather",
         "mg_gpt/model.py",
-        "return gather_from_tensor_model_parallel_region(logits).transpose(0, 1)",
-        "return logits.transpose(0, 1)",
+        "return gather_from_tensor_model_parallel_region(self.sharded_logits(tokens)).transpose(0, 1)",
+        "return self.sharded_logits(tokens).transpose(0, 1)",
         "wrong-layout",
     ),
     BugVariant(

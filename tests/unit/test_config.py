@@ -146,3 +146,8 @@ def test_a_packed_shard_holds_the_rank_block_of_every_part() -> None:
     # [gate; up], 8 rows each, 4 ranks: rank 1 holds gate rows 2:4 and up rows 10:12
     assert declared_blocks("packed-shard:0:2", 16, 1, 4) == [(2, 4), (10, 12)]
     assert declared_blocks("shard:0", 16, 1, 4) == [(4, 8)]
+
+
+def test_a_pipeline_declares_that_only_the_last_rank_returns_the_output() -> None:
+    project = parse(GOOD.replace('outputs = "replicated"', 'outputs = "last-rank"'))
+    assert project.check("llama-tp").outputs == "last-rank"

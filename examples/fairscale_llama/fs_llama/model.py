@@ -162,22 +162,23 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return gather_from_model_parallel_region(self.sharded_logits(tokens))
+        return gather_from_model_parallel_region(self.output(self.norm(self.hidden_states(tokens))))
 
-    def sharded_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
         seq = tokens.shape[1]
         cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        return self.output(self.norm(h))
+        return h
 
 
 class TransformerWithLoss(Transformer):
     """The training forward: the mean next-token loss, from logits sharded over the vocabulary."""
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return vocab_parallel_cross_entropy(self.sharded_logits(tokens), targets).mean()
+        logits = self.output(self.norm(self.hidden_states(tokens)))  # sharded over the vocabulary
+        return vocab_parallel_cross_entropy(logits, targets).mean()
 
 
 def _initialise_model_parallel() -> None:

@@ -9,6 +9,7 @@ verified where ranks compute it on identical inputs, by congruence):
   indexing        pick(dim): x.gather(dim, i.unsqueeze(dim)).squeeze(dim), one entry per row
   contractions    linear matmul embedding sdpa(is_causal,scale,enable_gqa)
   collectives     all_reduce all_gather reduce_scatter all_to_all broadcast
+                  p2p (a send or a receive between two ranks: pipeline stages)
   constants       constant(digest) uninitialized
   fallback        generic(target, attrs, output index)
 
@@ -234,6 +235,7 @@ class _Builder:
         self.multi: dict[str, list[str | None]] = {}  # multi-output node -> ids of its outputs
         self.view_nodes: dict[str, str] = {}  # id of a node made by view() -> its source
         self.picks_viewed: set[str] = set()  # views of picks to the shape of a gather (see view())
+        self.sends: set[str] = set()  # p2p sends (their tokens are not the program's outputs)
         self.nodes_by_id: dict[str, Node] = {}
         # complex value id -> ids of its real and imaginary parts (complex arithmetic in real terms)
         self.complex_parts: dict[str, tuple[str, str]] = {}
@@ -317,6 +319,8 @@ class _Builder:
                         self.graph.outputs.append(self.value(out))
         user_outputs = [s for s in signature.output_specs if s.kind.name == "USER_OUTPUT"]
         self.graph.outputs = self.graph.outputs[-len(user_outputs) :] if user_outputs else []
+        # the tokens of sends, added to the outputs only to keep the sends (capture/remap.py)
+        self.graph.outputs = [v for v in self.graph.outputs if v not in self.sends]
         return self.graph
 
     def convert(self, fx: torch.fx.Node) -> None:
@@ -1238,6 +1242,23 @@ class _Builder:
             )
         if rows.ndim == 0:
             self.alias[fx.name] = loss
+        return True
+
+    def op_p2p_send(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """A send to `peer`: one side of a point-to-point call whose source is this rank."""
+        return self._p2p(fx, self.value(args[0]), int(args[1]), sending=True, meta=meta)
+
+    def op_p2p_recv(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """A receive from `peer`: the value that rank sends."""
+        return self._p2p(fx, self.value(args[0]), int(args[1]), sending=False, meta=meta)
+
+    def _p2p(self, fx: torch.fx.Node, source: str, peer: int, sending: bool, meta: TensorMeta) -> bool:
+        rank = self.graph.rank if self.graph.rank is not None else 0
+        pair = tuple(sorted((rank, peer)))
+        coll = Collective("p2p", None, pair, src=rank if sending else peer)
+        node_id = self.add(fx, "p2p", [source], {"peer": peer, "send": sending}, meta, collective=coll)
+        if sending:
+            self.sends.add(node_id)
         return True
 
     def op_softmax(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:

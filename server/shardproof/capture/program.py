@@ -36,7 +36,7 @@ from .forked import map_ranks
 from .frames import exact_stack_traces
 from .normalize import dtype_name, to_graph
 from .provenance import ProvenanceTracker
-from .remap import extended_collective_remaps
+from .remap import extended_collective_remaps, sends_as_outputs
 
 ProgressFn = Callable[[str], None]
 
@@ -282,7 +282,8 @@ def _export(
                     program = torch.export.export(module, inputs, strict=False)
                     inline_grad_mode_regions(program.graph_module)
                     return program.run_decompositions(dtensor.decomposition_table())
-            program = torch.export.export(module, inputs, strict=False)
+            with sends_as_outputs(module):
+                program = torch.export.export(module, inputs, strict=False)
             inline_grad_mode_regions(program.graph_module)
             if mutation_free(program):
                 return program

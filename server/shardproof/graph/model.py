@@ -76,11 +76,11 @@ class TensorMeta:
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | broadcast
+    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | broadcast | p2p
     reduce_op: str | None  # sum | max | min | avg | None
     group: tuple[int, ...]  # global ranks, in group order
     dim: int = 0  # gather / scatter dimension (functional collectives use dim 0)
-    src: int | None = None  # broadcast source, a global rank
+    src: int | None = None  # broadcast or p2p source (the sending rank), a global rank
     output_splits: tuple[int, ...] | None = None
     input_splits: tuple[int, ...] | None = None
 

@@ -85,6 +85,7 @@ class Evidence:
     rank_values: list[dict[str, px.Expr]]
     index: RelationIndex
     issues: list[CollectiveIssue]
+    outputs_of: list[int] | None = None  # the ranks whose outputs are compared (None: every rank)
 
 
 def _fn(node: Node) -> str | None:
@@ -153,7 +154,8 @@ class Localizer:
         duplicate = self.duplicate_reduction()
         broken: list[tuple[int, int, str]] = []
         failing_ids = [self.reference.outputs[i] for i in failing_outputs]
-        for rank in range(len(self.ev.ranks)):
+        compared = self.ev.outputs_of if self.ev.outputs_of is not None else range(len(self.ev.ranks))
+        for rank in compared:
             first = self.first_broken(rank, failing_ids)
             if first is not None:
                 broken.append((self.topo[first], rank, first))
@@ -175,6 +177,7 @@ class Localizer:
 
     def diagnose(self, node: Node, rank: int, ranks: list[int]) -> Discrepancy | Unsupported:
         detectors: list[Callable[[Node, int], Discrepancy | Unsupported | None]] = [
+            self.stage_handover,
             self.partial_misuse,
             self.embedding_mask,
             self.target_pick_mask,
@@ -297,7 +300,12 @@ class Localizer:
         return {"rank": rank, "reference": reference, "parallel": parallel, "links": links, "edges": edges}
 
     def first_broken(self, rank: int, failing_ids: list[str]) -> str | None:
-        unrelated = {n.id for n in self.reference.nodes if not self.index.related(n.id, rank)}
+        if self.ev.outputs_of is not None:
+            # a pipeline: earlier stages compute the reference's earlier values on other ranks
+            everywhere = range(len(self.ev.ranks))
+            unrelated = {n.id for n in self.reference.nodes if not any(self.index.related(n.id, r) for r in everywhere)}
+        else:
+            unrelated = {n.id for n in self.reference.nodes if not self.index.related(n.id, rank)}
         harmful: set[str] = set()
         stack = [o for o in failing_ids if o in unrelated]
         while stack:
@@ -854,6 +862,45 @@ class Localizer:
                 found=problems[0],
                 suggestion=f"mask ids outside [{start}, {end}): (ids < {start}) | (ids >= {end})",
             )
+        return None
+
+    def stage_handover(self, ref_node: Node, rank: int) -> Discrepancy | None:
+        """A pipeline stage hands on one input of the reference's next step (a value the reference
+        computes) where the receiving stage needs that step's result: a boundary that drops the
+        other inputs (the residual stream). Reported at the send."""
+        if self.ev.outputs_of is None:
+            return None
+        for sender, graph in enumerate(self.ev.ranks):
+            for node in graph.nodes:
+                if node.op != "p2p" or not node.attrs.get("send"):
+                    continue
+                handed = [
+                    ref
+                    for rel, refs in self.index.relations_of_rank_value(sender, node.inputs[0])
+                    for ref in refs
+                    if rel.kind == "equal"
+                ]
+                if not any(value in ref_node.inputs for value in handed):
+                    continue
+                others = [v for v in ref_node.inputs if v not in handed]
+                if not others:
+                    continue
+                what = self.ref_value_name(handed[0])
+                dropped = ", ".join(self.ref_value_name(v) for v in others)
+                receiver = node.attrs.get("peer")
+                return Discrepancy(
+                    kind="wrong-handover",
+                    message=f"rank {sender} hands rank {receiver} {what}, but the reference's next step "
+                    f"({_describe_op(ref_node)}) also needs {dropped}: the stage boundary drops it",
+                    primary=self.rank_site(node, "what this stage hands on"),
+                    reference=self.ref_site(ref_node, "the reference combines them here"),
+                    ranks=[sender],
+                    reference_node=ref_node.id,
+                    parallel_nodes=[f"rank{sender}/{node.id}"],
+                    expected=f"the {_describe_op(ref_node)}'s value (or all of its inputs) sent to rank {receiver}",
+                    found=f"{what} alone",
+                    suggestion="send what the next stage needs to continue: the combined value, or every input",
+                )
         return None
 
     def target_pick_mask(self, ref_node: Node, rank: int) -> Discrepancy | None:

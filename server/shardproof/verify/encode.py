@@ -359,7 +359,8 @@ class Encoder:
             chunk = out_meta.shape[0]
             index = group.index(rank)
             return f"(Slice (SumN (multiset-of {' '.join(inputs)})) {-nd} {index * chunk} {(index + 1) * chunk})"
-        if coll.kind == "broadcast":
+        if coll.kind in ("broadcast", "p2p"):
+            # the source's value (a p2p send's own result is its token: the value it sent)
             assert coll.src is not None
             return self.term(graphs[coll.src], calls[coll.src].inputs[0])
         if coll.kind == "all_to_all":
@@ -420,6 +421,15 @@ def _mismatch(
     members = [r for r in group if r in graphs]
     missing = [r for r in members if r not in calls]
     nodes = [(graphs[r].name, n.id) for r, n in calls.items()]
+    absent = [r for r in group if r not in graphs]
+    if absent:
+        return CollectiveIssue(
+            group,
+            index,
+            f"call {index + 1} of group {list(group)} names rank {absent[0]}, which does not exist in a world of "
+            f"{len(graphs)}",
+            nodes,
+        )
     if missing:
         return CollectiveIssue(
             group,
@@ -439,7 +449,18 @@ def _mismatch(
         )
     shapes = {graphs[r].meta_of(n.inputs[0]).shape for r, n in calls.items()}
     kind = next(iter(kinds))[0]
-    if len(shapes) > 1 and kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+    if kind == "p2p":
+        sources = {n.collective.src for n in calls.values() if n.collective}
+        if len(sources) > 1:
+            both = "send" if all(n.attrs.get("send") for n in calls.values()) else "receive"
+            return CollectiveIssue(
+                group,
+                index,
+                f"ranks {list(group)} both {both} as their point-to-point call {index + 1} with each other "
+                "(nothing is received or sent: a hang)",
+                nodes,
+            )
+    if len(shapes) > 1 and kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p"):
         return CollectiveIssue(
             group,
             index,

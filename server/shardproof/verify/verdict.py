@@ -19,9 +19,15 @@ def output_relations(
     """Relations found for every output, and the indices of outputs that fail the expectation."""
     found: list[OutputRelation] = []
     failing: list[int] = []
+    last_rank = expectation == "last-rank"
+    if last_rank:
+        # a pipeline: the last stage returns the reference's outputs, the others what they hand on
+        ranks, expectation = ranks[-1:], "replicated"
     accepted = ACCEPTED.get(expectation, ACCEPTED["sharded"])
     for i, ref_value in enumerate(reference.outputs):
         relation = _relation(index, ref_value, ranks, i)
+        if last_rank and relation.relation == "replicated":
+            relation.description = f"the last rank (rank {ranks[0].rank}) returns the full reference output"
         found.append(relation)
         if relation.relation not in accepted:
             failing.append(i)
@@ -35,8 +41,9 @@ def _relation(index: RelationIndex, ref_value: str, ranks: list[Graph], i: int) 
         return OutputRelation(i, "none", "some ranks do not return this output")
     shape = reference_shape(index, ref_value)
     per_rank = []
-    for rank, graph in enumerate(ranks):
+    for position, graph in enumerate(ranks):
         value = graph.outputs[i]
+        rank = graph.rank if graph.rank is not None else position
         rels = [rel for rel, values in index.relations(ref_value, rank) if value in values]
         per_rank.append(rels)
     if all(any(r.kind == "equal" for r in rels) for rels in per_rank):

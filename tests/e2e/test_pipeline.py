@@ -1,0 +1,81 @@
+"""Pipeline parallelism (examples/pipeline): stages on ranks with send/recv between them. The
+composition of the stages is verified against the reference; a boundary that drops the residual
+stream, a missing stage and a send to the wrong rank are found."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shardproof.config import load_project
+from shardproof.pipeline import verify_check
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline"
+STAGES = "pp_example/pp.py"
+
+
+def _variant(tmp_path: Path, original: str, buggy: str) -> tuple[Path, int]:
+    """The example with one line of the stages changed, and that line's number."""
+    root = shutil.copytree(EXAMPLE, tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    source = root / STAGES
+    lines = source.read_text().splitlines(keepends=True)
+    (index,) = [i for i, line in enumerate(lines) if line.strip() == original]
+    lines[index] = lines[index].replace(original, buggy)
+    source.write_text("".join(lines))
+    return root, index + 1
+
+
+def test_the_stages_compose_to_the_reference_at_2_and_4_ranks(sandbox) -> None:
+    project = load_project(EXAMPLE)
+    result = verify_check(project.check("pipeline"), project, [2, 4], sandbox)
+    assert result.error is None
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")]
+    for r in result.results:
+        (output,) = r.outputs
+        assert output.relation == "replicated"
+        assert output.description == f"the last rank (rank {r.world_size - 1}) returns the full reference output"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_boundary_that_drops_the_residual_is_reported_at_the_send(tmp_path: Path, world_size: int, sandbox) -> None:
+    root, line = _variant(
+        tmp_path, "dist.send(hidden + residual, dst=self.rank + 1)", "dist.send(hidden, dst=self.rank + 1)"
+    )
+    project = load_project(root)
+    (outcome,) = verify_check(project.checks[0], project, [world_size], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "discrepancy"
+    finding = outcome.discrepancies[0]
+    assert finding.kind == "wrong-handover", finding.message
+    assert finding.primary is not None and finding.primary.file.endswith(STAGES)
+    assert finding.primary.line == line
+    assert "drops" in finding.message and finding.ranks == [0]
+
+
+def test_a_missing_stage_is_a_discrepancy_naming_the_layers_no_rank_runs(tmp_path: Path, sandbox) -> None:
+    # every stage gets one layer of four at two ranks: layers 2 and 3 run nowhere
+    root, _ = _variant(
+        tmp_path,
+        "per_stage = len(reference.layers) // world_size",
+        "per_stage = len(reference.layers) // (world_size + 1)",
+    )
+    project = load_project(root)
+    (outcome,) = verify_check(project.checks[0], project, [2], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "discrepancy"
+    finding = outcome.discrepancies[0]
+    assert "layers.2" in finding.message, finding.message
+
+
+def test_a_send_to_the_wrong_rank_is_a_hang(tmp_path: Path, sandbox) -> None:
+    root, _ = _variant(
+        tmp_path, "dist.send(hidden + residual, dst=self.rank + 1)", "dist.send(hidden + residual, dst=self.rank + 2)"
+    )
+    project = load_project(root)
+    (outcome,) = verify_check(project.checks[0], project, [4], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "discrepancy"
+    finding = outcome.discrepancies[0]
+    assert finding.kind == "collective-mismatch", finding.message
+    assert "hang" in finding.message
