@@ -11,6 +11,7 @@ import pytest
 
 from shardproof.config import load_project
 from shardproof.pipeline import verify_check
+from shardproof.witness.run import compare_numerically
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +39,9 @@ def test_the_stages_compose_to_the_reference_at_2_and_4_ranks(sandbox) -> None:
         (output,) = r.outputs
         assert output.relation == "replicated"
         assert output.description == f"the last rank (rank {r.world_size - 1}) returns the full reference output"
+        # the stages run with real numbers too (sends and receives between rank threads)
+        numbers = compare_numerically(project.check("pipeline"), project, r.world_size)
+        assert not numbers.differs, numbers.to_dict()
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -46,10 +50,11 @@ def test_a_boundary_that_drops_the_residual_is_reported_at_the_send(tmp_path: Pa
         tmp_path, "dist.send(hidden + residual, dst=self.rank + 1)", "dist.send(hidden, dst=self.rank + 1)"
     )
     project = load_project(root)
-    (outcome,) = verify_check(project.checks[0], project, [world_size], sandbox, numeric_witness=False).results
+    (outcome,) = verify_check(project.checks[0], project, [world_size], sandbox).results
     assert outcome.verdict == "discrepancy"
     finding = outcome.discrepancies[0]
     assert finding.kind == "wrong-handover", finding.message
+    assert finding.witness is not None and finding.witness["status"] == "confirmed", finding.witness
     assert finding.primary is not None and finding.primary.file.endswith(STAGES)
     assert finding.primary.line == line
     assert "drops" in finding.message and finding.ranks == [0]

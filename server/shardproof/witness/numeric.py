@@ -129,6 +129,60 @@ def _threaded_world() -> Iterator[Any]:
         del world
 
 
+@contextlib.contextmanager
+def _point_to_point(world_size: int) -> Iterator[None]:
+    """send / recv between the rank threads (the threaded process group has none on CPU): one
+    mailbox per (source, destination), delivered in order."""
+    import queue
+
+    boxes = {(a, b): queue.Queue() for a in range(world_size) for b in range(world_size)}
+
+    def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, **_: Any) -> None:
+        boxes[(dist.get_rank(), int(dst))].put(tensor.detach().clone())  # type: ignore[arg-type]
+
+    def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, **_: Any) -> int:
+        if src is None:
+            raise RuntimeError("a receive from any rank cannot be replayed")
+        tensor.copy_(boxes[(int(src), dist.get_rank())].get(timeout=RUN_TIMEOUT_SECONDS))
+        return int(src)
+
+    class Done:
+        def wait(self, timeout: Any = None) -> bool:
+            return True
+
+        def is_completed(self) -> bool:
+            return True
+
+    def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, **_: Any) -> Any:
+        send(tensor, dst)
+        return Done()
+
+    def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, **_: Any) -> Any:
+        recv(tensor, src)
+        return Done()
+
+    def batch_isend_irecv(ops: list[Any]) -> list[Any]:
+        # sends first: a rank that both sends and receives in one batch must not wait on itself
+        ordered = sorted(ops, key=lambda op: getattr(op.op, "__name__", "") not in ("isend", "send"))
+        return [
+            isend(op.tensor, op.peer)
+            if getattr(op.op, "__name__", "") in ("isend", "send")
+            else irecv(op.tensor, op.peer)
+            for op in ordered
+        ]
+
+    names = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+    originals = {name: getattr(dist, name) for name in names}
+    replacements = {"send": send, "recv": recv, "isend": isend, "irecv": irecv, "batch_isend_irecv": batch_isend_irecv}
+    try:
+        for name in names:
+            setattr(dist, name, replacements[name])
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
 def _wake_other_ranks(error: BaseException) -> None:
     """A failing rank would leave the others waiting in a collective: end theirs too."""
     from torch.testing._internal.distributed.multi_threaded_pg import ProcessLocalGroup
@@ -355,6 +409,8 @@ def compare_runs(
     output relation, and at `module_path` from the values `captured` under "reference" and
     "rank<r>" (the first call of that module)."""
     result = NumericComparison(world_size, configuration)
+    if output_relation == "last-rank":  # a pipeline: the last stage returns the outputs
+        rank_outputs, output_relation = rank_outputs[-1:], "replicated"
     for index, expected in enumerate(reference_outputs):
         if not isinstance(expected, torch.Tensor):
             continue
@@ -468,7 +524,7 @@ def _run_ranks(
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
 
-    with _threaded_world() as store:
+    with _threaded_world() as store, _point_to_point(world_size):
         threads = [
             threading.Thread(target=one_rank, args=(rank, store), name=f"shardproof-rank{rank}", daemon=True)
             for rank in range(world_size)
