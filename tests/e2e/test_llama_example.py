@@ -18,8 +18,9 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama-tp", "llama-sp", "llama-loss"])
 def test_correct_example_is_verified_at_2_4_and_8(name: str, example_root: Path, sandbox) -> None:
     # llama-sp: the same model with sequence parallelism (all-gather and reduce-scatter on dim 1).
-    # llama-loss: its training loss (cross entropy with label smoothing) on vocabulary-sharded logits.
-    project = load_project(example_root)
+    # llama-loss (examples/llama_loss): its training loss (cross entropy with label smoothing) on
+    # vocabulary-sharded logits.
+    project = load_project(example_root.parent / "llama_loss" if name == "llama-loss" else example_root)
     result = verify_check(project.check(name), project, [2, 4, 8], sandbox)
     assert result.error is None
     assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified"), (8, "verified")]

@@ -177,8 +177,8 @@ async def test_bad_input_gives_diagnostics_and_the_server_keeps_serving(example)
         (
             "exception in a builder",
             good.replace(
-                "    model = ParallelLlama(cfg, rank, world_size)\n",
-                "    model = ParallelLlama(cfg, rank, world_size)\n    raise RuntimeError('no shard for this rank')\n",
+                "    model = model_class(cfg, rank, world_size)\n",
+                "    model = model_class(cfg, rank, world_size)\n    raise RuntimeError('no shard for this rank')\n",
             ),
             "raise RuntimeError",
             "RuntimeError: no shard for this rank",
