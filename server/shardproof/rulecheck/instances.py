@@ -786,7 +786,7 @@ def _(g: Gen) -> dict[str, Any]:
     return _reduced(g, "same", 0)
 
 
-@instance("sum-of-selection-is-partial")
+@instance("sum-of-selection-is-partial", "max-of-selection-is-partial")
 def _(g: Gen) -> dict[str, Any]:
     n = g.int(4, 9)
     shape = _shape(g, 3)
@@ -1245,16 +1245,6 @@ _cover_recipes("max", "max-cover-start", "max-cover-extend", "all-reduce-max-of-
 # ---------------------------------------------------------------------------------------------
 # vocabulary-parallel losses
 # ---------------------------------------------------------------------------------------------
-@instance("max-of-selection-is-partial")
-def _(g: Gen) -> dict[str, Any]:
-    n = g.int(4, 9)
-    shape = _shape(g, 3)
-    d = g.int(-3, -1)
-    shape[d] = n
-    s, e = g.tile(n)
-    return {"X": g.tensor(*shape), "d": d, "k": g.int(0, 1), "s": s, "e": e}
-
-
 def _logits_and_targets(g: Gen, tiled: bool) -> dict[str, Any]:
     """Logits [rows..., K] (or with the classes along another dim) and class-index targets."""
     classes = g.int(max(g.world, 4), 10)
