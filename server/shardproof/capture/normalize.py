@@ -579,7 +579,9 @@ class _Builder:
             dims = list(range(src_meta.ndim))
         if isinstance(dims, int):
             dims = [dims]
-        dims = sorted((norm_dim(d, src_meta.ndim) for d in dims), reverse=True)
+        # outermost first: removing a dim leaves the (negative) numbers of the dims inside it as
+        # they were, so each step names a dim of the value it reduces
+        dims = sorted(norm_dim(d, src_meta.ndim) for d in dims)
         if fn == "mean" and len(dims) == src_meta.ndim > 1 and not keepdim:
             # the mean of every element: the mean of the flattened value (a loss averaged over
             # tokens, whatever the shape they come in)

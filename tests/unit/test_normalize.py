@@ -1,0 +1,33 @@
+"""Captured programs in the verifier's vocabulary (capture/normalize.py), on small modules traced
+on meta tensors."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shardproof.capture.normalize import to_graph
+from shardproof.graph.model import Graph
+
+
+def _graph(forward, *shapes: tuple[int, ...]) -> Graph:
+    class Module(nn.Module):
+        def forward(self, *xs):
+            return forward(*xs)
+
+    inputs = tuple(torch.randn(shape, device="meta") for shape in shapes)
+    program = torch.export.export(Module(), inputs, strict=False)
+    return to_graph(program, "reference", None, 1, None)
+
+
+def test_a_reduction_over_several_dims_reduces_each_of_them_in_turn() -> None:
+    graph = _graph(lambda x: x.sum(dim=(0, 1)), (2, 3, 4))
+    steps = [(n.attrs["dim"], n.meta.shape) for n in graph.nodes if n.op == "reduce"]
+    # each step names a dim of the value it reduces: [2, 3, 4] -> [3, 4] -> [4]
+    assert steps == [(-3, (3, 4)), (-2, (4,))]
+    assert graph.nodes[-1].meta.shape == (4,)
+
+
+def test_a_mean_of_every_element_is_the_mean_of_the_flattened_value() -> None:
+    graph = _graph(lambda x: x.mean(), (2, 3))
+    assert [(n.op, n.meta.shape) for n in graph.nodes] == [("view", (6,)), ("reduce", ())]
