@@ -31,3 +31,14 @@ def test_a_reduction_over_several_dims_reduces_each_of_them_in_turn() -> None:
 def test_a_mean_of_every_element_is_the_mean_of_the_flattened_value() -> None:
     graph = _graph(lambda x: x.mean(), (2, 3))
     assert [(n.op, n.meta.shape) for n in graph.nodes] == [("view", (6,)), ("reduce", ())]
+
+
+def test_cross_entropy_is_written_out_over_the_unflattened_tokens() -> None:
+    def loss(x, t):
+        return torch.nn.functional.cross_entropy(x.view(-1, 5), t.long().view(-1), reduction="sum")
+
+    graph = _graph(loss, (2, 3, 5), (2, 3))
+    picks = [n for n in graph.nodes if n.op == "pick"]
+    assert [(p.attrs["dim"], p.meta.shape) for p in picks] == [(-1, (2, 3))]
+    # the per-token loss flattened to [6], then summed
+    assert [(n.op, n.meta.shape) for n in graph.nodes[-2:]] == [("view", (6,)), ("reduce", ())]

@@ -582,15 +582,23 @@ class _Builder:
         # outermost first: removing a dim leaves the (negative) numbers of the dims inside it as
         # they were, so each step names a dim of the value it reduces
         dims = sorted(norm_dim(d, src_meta.ndim) for d in dims)
+        every_element = len(dims) == src_meta.ndim > 1 and not keepdim
+        if fn == "mean" and len(dims) > 1 and not every_element:
+            self.generic(fx, "mean", args, kwargs, meta)
+            return
+        self._reduce(fx, source, fn, dims, keepdim, meta)
+
+    def _reduce(
+        self, fx: torch.fx.Node, source: str, fn: str, dims: list[int], keepdim: bool, meta: TensorMeta
+    ) -> None:
+        """`source` reduced by `fn` over `dims` (negative, outermost first), one dim at a time; the
+        last step is fx's value (of `meta`'s dtype). The mean of every element is the mean of the
+        flattened value (a loss averaged over tokens, whatever the shape they come in)."""
+        src_meta = self.meta(source)
         if fn == "mean" and len(dims) == src_meta.ndim > 1 and not keepdim:
-            # the mean of every element: the mean of the flattened value (a loss averaged over
-            # tokens, whatever the shape they come in)
             flat = TensorMeta((math.prod(src_meta.shape),), src_meta.dtype)
             source = self.view(fx, source, flat, suffix=".flat")
             src_meta, dims = flat, [-1]
-        elif fn == "mean" and len(dims) > 1:
-            self.generic(fx, "mean", args, kwargs, meta)
-            return
         current, current_meta = source, src_meta
         for i, d in enumerate(dims):
             shape = list(current_meta.shape)
@@ -1221,29 +1229,12 @@ class _Builder:
             smooth = step("scalar", [uniform], {"fn": "mul", "value": smoothing}, rows, "smooth_share")
             loss = step("binary", [kept_loss, smooth], {"fn": "add"}, rows, "smoothed")
         if flattened is not None:
-            rows = TensorMeta(flattened, dtype)
-            loss = self.view(fx, loss, rows, suffix=".flat")
+            loss = self.view(fx, loss, TensorMeta(flattened, dtype), suffix=".flat")
         if reduction == 0:
             self.alias[fx.name] = loss
-            return True
-        fn = "mean" if reduction == 1 else "sum"
-        if rows.ndim > 1 and fn == "mean":
-            loss = self.view(fx, loss, TensorMeta((math.prod(rows.shape),), dtype), suffix=".flat")
-            rows = self.meta(loss)
-        current = loss
-        for i in range(rows.ndim):
-            last = i == rows.ndim - 1
-            reduced = TensorMeta(rows.shape[: rows.ndim - i - 1], dtype)
-            current = self.add(
-                fx,
-                "reduce",
-                [current],
-                {"fn": fn, "dim": -1, "keepdim": False},
-                meta if last else reduced,
-                suffix="" if last else f".{fn}{i}",
-            )
-        if rows.ndim == 0:
-            self.alias[fx.name] = loss
+        else:  # the mean or sum over every token, as `loss.mean()` / `loss.sum()` is read
+            every = list(range(-self.meta(loss).ndim, 0))
+            self._reduce(fx, loss, "mean" if reduction == 1 else "sum", every, False, meta)
         return True
 
     def op_p2p_send(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
