@@ -592,12 +592,12 @@ def encode_unit(
 ) -> EncodedUnit:
     """Encode the reference and all ranks of one world size into one program.
 
-    With `outputs_only` (a unit whose verdict reads nothing but its outputs' relations), a value
-    an opaque call computes only for the one opaque call that reads it gets no facts and no name:
-    its term is written out inside its reader's. Opaque calls have no rules but congruence, so no
-    rule could use its shape, and no one reads its relations. A memoized skeleton is such a chain
-    (one call per layer, in every program): each fact is an egglog command, egglog 13 spends ~60
-    us on every command whatever it is, and each named term (`let`) is a table of its own."""
+    With `outputs_only` (a unit whose verdict reads nothing but its outputs' relations), every
+    chain of opaque calls is one call (`collapse_opaque_chains`), and a value an opaque call
+    computes only for other opaque calls gets no shape or `node` facts: opaque calls have no rules
+    but congruence, so no rule could use its shape, and no one reads its relations. A memoized
+    skeleton is such a chain (one call per layer, in every program), and egglog 13 spends 40-170
+    us on every command, whatever it is."""
     encoder = Encoder()
     if outputs_only:
         reference = collapse_opaque_chains(reference)
@@ -633,10 +633,7 @@ def collapse_opaque_chains(graph: Graph) -> Graph:
     compose the same calls in the same order, so on equal inputs they give equal outputs, the
     only thing congruence (the sole rule of opaque calls) would have proven link by link; and
     no unit with this encoding reads the values inside a chain."""
-    readers: dict[str, list[Node]] = {}
-    for node in graph.nodes:
-        for value in node.inputs:
-            readers.setdefault(value, []).append(node)
+    readers, nodes = graph.consumers(), graph.node_map()
     outputs = set(graph.outputs)
 
     def link(node: Node) -> tuple[Node, int] | None:
@@ -644,7 +641,7 @@ def collapse_opaque_chains(graph: Graph) -> Graph:
         following = readers.get(node.id, [])
         if node.op != "generic" or node.id in outputs or len(following) != 1:
             return None
-        (after,) = following
+        after = nodes[following[0]]
         same_call = (after.op, after.attrs.get("target"), after.attrs.get("index")) == (
             node.op,
             node.attrs.get("target"),
@@ -696,20 +693,16 @@ def collapse_opaque_chains(graph: Graph) -> Graph:
 
 
 def _between_opaque_calls(graph: Graph) -> set[str]:
-    """Values of opaque calls (`generic` nodes) read by one opaque call only, outputs excepted
-    (one reader: a term written out at several readers could grow exponentially)."""
-    readers: dict[str, list[Node]] = {}
-    for node in graph.nodes:
-        for value in node.inputs:
-            readers.setdefault(value, []).append(node)
+    """Values of opaque calls (`generic` nodes) read only by opaque calls, outputs excepted."""
+    readers, nodes = graph.consumers(), graph.node_map()
     outputs = set(graph.outputs)
     return {
         node.id
         for node in graph.nodes
         if node.op == "generic"
         and node.id not in outputs
-        and len(readers.get(node.id, ())) == 1
-        and readers[node.id][0].op == "generic"
+        and node.id in readers
+        and all(nodes[reader].op == "generic" for reader in readers[node.id])
     }
 
 
