@@ -84,3 +84,23 @@ def test_a_send_to_the_wrong_rank_is_a_hang(tmp_path: Path, sandbox) -> None:
     finding = outcome.discrepancies[0]
     assert finding.kind == "collective-mismatch", finding.message
     assert "hang" in finding.message
+
+
+def test_batched_point_to_point_calls_are_verified_and_run(tmp_path: Path, sandbox) -> None:
+    root, _ = _variant(
+        tmp_path,
+        "dist.send(hidden + residual, dst=self.rank + 1)",
+        "dist.batch_isend_irecv([dist.P2POp(dist.isend, hidden + residual, self.rank + 1)])",
+    )
+    source = root / STAGES
+    source.write_text(
+        source.read_text().replace(
+            "dist.recv(hidden, src=self.rank - 1)",
+            "dist.batch_isend_irecv([dist.P2POp(dist.irecv, hidden, self.rank - 1)])[0].wait()",
+        )
+    )
+    project = load_project(root)
+    result = verify_check(project.checks[0], project, [2, 4], sandbox)
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")]
+    numbers = compare_numerically(project.checks[0], project, 4)
+    assert not numbers.differs, numbers.to_dict()

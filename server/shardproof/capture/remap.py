@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+import torch.distributed.distributed_c10d as c10d
 
 
 @torch.library.custom_op("shardproof::p2p_send", mutates_args=())
@@ -117,49 +118,73 @@ def _peer(group: Any, peer: int | None, group_peer: int | None) -> int:
     if peer is None and group_peer is not None:
         return dist.get_global_rank(_group(group), group_peer)
     if peer is None:
-        raise ValueError("a point-to-point call from or to any rank (src=None) cannot be traced")
+        raise ValueError("a point-to-point call from or to any rank (src=None) cannot be followed")
     return peer
 
 
-def _send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: Any = None) -> None:
-    del tag
-    _SENT.append(p2p_send(tensor, _peer(group, dst, group_dst)))
+@contextlib.contextmanager
+def point_to_point(
+    send: Callable[[torch.Tensor, int], None], recv: Callable[[torch.Tensor, int], None], sends_first: bool
+) -> Iterator[None]:
+    """While the block runs, torch.distributed's send, recv, isend, irecv and batch_isend_irecv
+    are `send(tensor, peer)` and `recv(tensor, peer)` (peer: a global rank), synchronous. A batch
+    runs in list order, or its sends first with `sends_first` (a receive that blocks must not
+    wait on a send of its own batch)."""
 
+    originals = {name: getattr(c10d, name) for name in ("send", "recv", "isend", "irecv", "batch_isend_irecv")}
 
-def _recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, group_src: Any = None) -> int:
-    del tag
-    peer = _peer(group, src, group_src)
-    tensor.copy_(p2p_recv(tensor, peer))
-    return peer
+    def send_call(
+        tensor: torch.Tensor, dst: Any = None, group: Any = None, tag: int = 0, group_dst: Any = None
+    ) -> None:
+        send(tensor, _peer(group, dst, group_dst))
 
+    def recv_call(tensor: torch.Tensor, src: Any = None, group: Any = None, tag: int = 0, group_src: Any = None) -> int:
+        peer = _peer(group, src, group_src)
+        recv(tensor, peer)
+        return peer
 
-def _isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: Any = None) -> Any:
-    _send(tensor, dst, group, tag, group_dst)
-    return _CompletedWork()
+    def isend(*args: Any, **kwargs: Any) -> _CompletedWork:
+        send_call(*args, **kwargs)
+        return _CompletedWork()
 
+    def irecv(*args: Any, **kwargs: Any) -> _CompletedWork:
+        recv_call(*args, **kwargs)
+        return _CompletedWork()
 
-def _irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, group_src: Any = None) -> Any:
-    _recv(tensor, src, group, tag, group_src)
-    return _CompletedWork()
+    def is_send(op: Any) -> bool:
+        return op.op in (isend, send_call, originals["isend"], originals["send"])
 
+    def batch_isend_irecv(p2p_op_list: list[Any]) -> list[_CompletedWork]:
+        ops = sorted(p2p_op_list, key=lambda op: not is_send(op)) if sends_first else p2p_op_list
+        return [
+            (isend if is_send(op) else irecv)(op.tensor, op.peer, op.group, op.tag, getattr(op, "group_peer", None))
+            for op in ops
+        ]
 
-def _batch_isend_irecv(p2p_op_list: list[Any]) -> list[Any]:
-    """The operations in list order: sends first on one side and receives first on the other
-    would deadlock only when run blocking, which the matching of calls between ranks reports."""
-    works = []
-    for op in p2p_op_list:
-        is_send = op.op in (dist.isend, dist.send) or getattr(op.op, "__name__", "") in ("isend", "send")
-        peer = getattr(op, "peer", None)
-        if is_send:
-            works.append(_isend(op.tensor, peer, op.group, op.tag, getattr(op, "group_peer", None)))
-        else:
-            works.append(_irecv(op.tensor, peer, op.group, op.tag, getattr(op, "group_peer", None)))
-    return works
+    replacements = {
+        "send": send_call,
+        "recv": recv_call,
+        "isend": isend,
+        "irecv": irecv,
+        "batch_isend_irecv": batch_isend_irecv,
+    }
+    # both modules: P2POp accepts only the isend / irecv of distributed_c10d
+    modules = (dist, c10d)
+    try:
+        for module in modules:
+            for name, replacement in replacements.items():
+                setattr(module, name, replacement)
+        yield
+    finally:
+        for module in modules:
+            for name, original in originals.items():
+                setattr(module, name, original)
 
 
 @contextlib.contextmanager
 def sends_as_outputs(module: torch.nn.Module) -> Iterator[None]:
-    """While `module` is traced, its output carries the tokens of the sends it made."""
+    """While `module` is traced, its point-to-point calls are the shardproof ops and its output
+    carries the tokens of the sends it made."""
 
     def add_tokens(_module: Any, _args: Any, output: Any) -> Any:
         if not _SENT:
@@ -168,23 +193,18 @@ def sends_as_outputs(module: torch.nn.Module) -> Iterator[None]:
         _SENT.clear()
         return (output, *tokens)
 
+    def send(tensor: torch.Tensor, peer: int) -> None:
+        _SENT.append(p2p_send(tensor, peer))
+
+    def recv(tensor: torch.Tensor, peer: int) -> None:
+        tensor.copy_(p2p_recv(tensor, peer))
+
     _SENT.clear()
     handle = module.register_forward_hook(add_tokens)
-    originals = {name: getattr(dist, name) for name in ("send", "recv", "isend", "irecv", "batch_isend_irecv")}
-    replacements = {
-        "send": _send,
-        "recv": _recv,
-        "isend": _isend,
-        "irecv": _irecv,
-        "batch_isend_irecv": _batch_isend_irecv,
-    }
     try:
-        for name, replacement in replacements.items():
-            setattr(dist, name, replacement)
-        yield
+        with point_to_point(send, recv, sends_first=False):
+            yield
     finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
         handle.remove()
         _SENT.clear()
 

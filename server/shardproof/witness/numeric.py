@@ -135,52 +135,18 @@ def _point_to_point(world_size: int) -> Iterator[None]:
     mailbox per (source, destination), delivered in order."""
     import queue
 
+    from ..capture.remap import point_to_point
+
     boxes = {(a, b): queue.Queue() for a in range(world_size) for b in range(world_size)}
 
-    def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, **_: Any) -> None:
-        boxes[(dist.get_rank(), int(dst))].put(tensor.detach().clone())  # type: ignore[arg-type]
+    def send(tensor: torch.Tensor, peer: int) -> None:
+        boxes[(dist.get_rank(), peer)].put(tensor.detach().clone())
 
-    def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, **_: Any) -> int:
-        if src is None:
-            raise RuntimeError("a receive from any rank cannot be replayed")
-        tensor.copy_(boxes[(int(src), dist.get_rank())].get(timeout=RUN_TIMEOUT_SECONDS))
-        return int(src)
+    def recv(tensor: torch.Tensor, peer: int) -> None:
+        tensor.copy_(boxes[(peer, dist.get_rank())].get(timeout=RUN_TIMEOUT_SECONDS))
 
-    class Done:
-        def wait(self, timeout: Any = None) -> bool:
-            return True
-
-        def is_completed(self) -> bool:
-            return True
-
-    def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, **_: Any) -> Any:
-        send(tensor, dst)
-        return Done()
-
-    def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, **_: Any) -> Any:
-        recv(tensor, src)
-        return Done()
-
-    def batch_isend_irecv(ops: list[Any]) -> list[Any]:
-        # sends first: a rank that both sends and receives in one batch must not wait on itself
-        ordered = sorted(ops, key=lambda op: getattr(op.op, "__name__", "") not in ("isend", "send"))
-        return [
-            isend(op.tensor, op.peer)
-            if getattr(op.op, "__name__", "") in ("isend", "send")
-            else irecv(op.tensor, op.peer)
-            for op in ordered
-        ]
-
-    names = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
-    originals = {name: getattr(dist, name) for name in names}
-    replacements = {"send": send, "recv": recv, "isend": isend, "irecv": irecv, "batch_isend_irecv": batch_isend_irecv}
-    try:
-        for name in names:
-            setattr(dist, name, replacements[name])
+    with point_to_point(send, recv, sends_first=True):
         yield
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
 
 
 def _wake_other_ranks(error: BaseException) -> None:
