@@ -17,6 +17,10 @@ outputs = "replicated"                         # optional: replicated | sharded 
 "layers.*.wq_local" = "shard:0 of layers.*.attention.wq.weight"   # when the names differ
 "layers.*.fc1.weight" = "packed-shard:0:2"     # [gate; up] packed along dim 0, each part sharded
 
+[tool.shardproof.check.gradients]             # optional: verify parameter gradients too
+reference-step = "mymodel.train:reference_step"  # optional (model, *inputs) -> outputs; runs backward
+parallel-step = "mymodel.train:parallel_step"    # itself and finishes the gradients (DP averaging)
+
 [tool.shardproof.check.bounds]                # optional saturation bounds
 iterations = 200
 seconds = 120
@@ -39,6 +43,13 @@ With a world-size-1 reference, a rank parameter relates to the reference paramet
 name by shape: the same shape is replicated, one dim world-size times smaller is the rank's
 contiguous block of it (how fairscale and Megatron initialise and reshard). `parameters`
 declarations override that, e.g. for an interleaved layout.
+
+`gradients = true` (or the table above) compares every trainable reference parameter's gradient
+with its rank counterpart's: the full gradient for a replicated parameter, the same block for a
+sharded one. Without steps, the outputs are differentiated with a cotangent that is an input like
+any other (the same on every rank), so `outputs` must be `replicated`; a step runs forward and
+backward itself (micro-batches, gradient averaging, accumulation) and gradients are read from
+`.grad` afterwards.
 
 Keys may be spelled with dashes or underscores. The CLI and the language server both read checks
 through `load_project`.
@@ -87,6 +98,7 @@ class Check:
     # `reference = { world-size = 1 }`: the reference is the parallel builder itself, built and
     # traced under a one-rank process group (then `reference` repeats the `parallel` spec).
     reference_world_size: int | None = None
+    gradients: Gradients | None = None  # verify parameter gradients too (joint forward-backward capture)
 
     @property
     def same_code_reference(self) -> bool:
@@ -110,6 +122,16 @@ class Check:
 
     def line_of(self, key: str) -> int:
         return dict(self.key_lines).get(key, self.line)
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """How gradients are made: by default the outputs are differentiated with a cotangent input;
+    a step `(model, *inputs) -> outputs` runs backward itself and finishes the gradients."""
+
+    reference_step: str | None = None
+    parallel_step: str | None = None
+    line: int = 0
 
 
 def _glob_regex(pattern: str) -> str:
@@ -262,6 +284,42 @@ def _reference_world_size(value: Any, name: str, where: Frame) -> int | None:
     return 1
 
 
+def _gradients(value: Any, name: str, outputs: str, line: int, lines: list[str], site: Any) -> Gradients | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"check {name!r}: `gradients` must be true or a table with `reference-step` / `parallel-step`",
+            site(line),
+        )
+    unknown = sorted(set(value) - {"reference-step", "reference_step", "parallel-step", "parallel_step"})
+    if unknown:
+        raise ConfigError(
+            f"check {name!r}: unknown key(s) in `gradients`: {', '.join(unknown)} (reference-step, parallel-step)",
+            site(line),
+        )
+    steps: dict[str, str | None] = {}
+    for key in ("reference_step", "parallel_step"):
+        spec = _key(value, key)
+        if spec is not None and (not isinstance(spec, str) or not _SPEC.match(spec)):
+            raise ConfigError(
+                f'check {name!r}: gradients `{key.replace("_", "-")}` must be "package.module:function", got {spec!r}',
+                site(_line_of(lines, key.replace("_", "-"), line - 1)),
+            )
+        steps[key] = spec
+    if outputs == "last-rank":
+        raise ConfigError(f"check {name!r}: gradients cannot be verified for pipeline stages (last-rank)", site(line))
+    if outputs != "replicated" and not (steps["reference_step"] and steps["parallel_step"]):
+        raise ConfigError(
+            f"check {name!r}: gradients without steps differentiate the outputs with the same cotangent on every "
+            'rank, so `outputs` must be "replicated" (or declare reference-step and parallel-step)',
+            site(line),
+        )
+    return Gradients(steps["reference_step"], steps["parallel_step"], line)
+
+
 def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str]) -> Check:
     if not isinstance(raw, dict):
         raise ConfigError("each [[tool.shardproof.check]] must be a table", site(line))
@@ -341,6 +399,7 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         )
     except (TypeError, ValueError):
         raise ConfigError(f"check {name!r}: bounds must be numbers", site(key_line("bounds"))) from None
+    gradients = _gradients(_key(raw, "gradients"), name, outputs, key_line("gradients"), lines, site)
     key_lines = tuple((key, key_line(key)) for key in ("reference", "parallel", "inputs", "world_sizes", "outputs"))
     check = Check(
         key_lines=key_lines,
@@ -354,6 +413,7 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
         parameters=tuple(parameters),
         bounds=bounds,
         line=line,
+        gradients=gradients,
     )
     quick_raw = _key(raw, "quick")
     if quick_raw is None:

@@ -125,6 +125,9 @@ def _verify_world_size(
 ) -> WorldSizeResult | None:
     """One world size, block by block when that proves it, else the plain way; None when the
     reference itself cannot be captured (its error is `capture.reference_error`)."""
+    if check.gradients is not None:
+        # a joint graph is not cut into blocks: its backward runs through the blocks in reverse
+        memoize = partition = False
     memoized = verify_memoized(capture, check, world_size, sandbox, notify) if memoize else None
     if memoized is not None:
         return memoized
@@ -208,6 +211,13 @@ def verify_world_size(
     index = RelationIndex(captured.reference.graph, ranks, saturation.facts)
     outputs, failing = output_relations(index, captured.reference.graph, ranks, check.outputs)
     result = WorldSizeResult(world_size, "verified", outputs=outputs, seconds=seconds, stats=stats)
+    gaps = [gap for graph in ranks for gap in graph.gradient_gaps]
+    if gaps and not failing and not unit.issues:
+        result.verdict = "inconclusive"
+        result.summary = f"not proven: {gaps[0]}"
+        result.inconclusive.extend(Unsupported("unsupported-op", gap, "gradient") for gap in gaps)
+        seconds["localization"] = time.perf_counter() - start
+        return result
     if not failing and not unit.issues:
         result.summary = _summary(outputs)
         seconds["localization"] = time.perf_counter() - start
@@ -240,7 +250,15 @@ def verify_world_size(
             start = time.perf_counter()
             reference_node = captured.reference.graph.node_map().get(finding.reference_node)
             module_path = reference_node.module_path if reference_node is not None else ""
-            finding.witness = witness(check, capture.project, world_size, module_path, finding.kind)
+            roles = captured.reference.graph.gradient_roles
+            if roles and all(i < len(roles) and roles[i] is not None for i in failing):
+                finding.witness = {
+                    "status": "unconfirmed",
+                    "reason": "the numeric witness runs forward passes only; gradients are not compared with real "
+                    "numbers yet",
+                }
+            else:
+                finding.witness = witness(check, capture.project, world_size, module_path, finding.kind)
             seconds["witness"] = time.perf_counter() - start
             return result
     else:

@@ -22,6 +22,7 @@ DISCREPANCY_KINDS = {
     "unrelated-parameter": "a parameter is not derived from the reference weights",
     "collective-mismatch": "ranks disagree on their collective calls",
     "wrong-handover": "a pipeline stage hands the next stage less than it needs to continue",
+    "missing-gradient": "a rank computes no gradient for a parameter the reference trains",
     "not-equivalent": "a value matches nothing the reference computes",
 }
 
@@ -107,7 +108,7 @@ class Unsupported:
 @dataclass
 class OutputRelation:
     index: int
-    relation: str  # replicated | sharded | partial | none
+    relation: str  # replicated | sharded | partial | gradient (as the parameter is held) | none
     description: str
 
     def to_dict(self) -> dict[str, Any]:

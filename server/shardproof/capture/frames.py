@@ -29,6 +29,17 @@ _POSITION = re.compile(r"^(?P<name>.*) \[@(?P<l>\d+):(?P<c>\d+)-(?P<el>\d+):(?P<
 _FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.*)$')
 
 
+class _BackwardState:
+    """Set while autograd runs a backward or shardproof's own joint code runs (capture/gradients.py)."""
+
+    depth = 0
+
+
+# While autograd runs a backward, only frames inside it describe the operation: the code that
+# called `backward()` does not (the forward operation's site is used instead).
+BACKWARD = _BackwardState()
+_ENGINE_ENTRY = "_engine_run_backward"
+
 _SHARDPROOF_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -110,6 +121,8 @@ def live_user_frames(skip: int = 1, extra_skips: tuple[str, ...] = ()) -> list[t
     while frame is not None and len(collected) < _MAX_FRAMES:
         filename = frame.f_code.co_filename
         if filename.startswith(_SHARDPROOF_ROOT) and collected:
+            break
+        if BACKWARD.depth and (frame.f_code.co_name == _ENGINE_ENTRY or filename.startswith(_SHARDPROOF_ROOT)):
             break
         if is_user_file(filename, extra_skips):
             line, end_line, col, end_col = _frame_positions(frame)

@@ -474,7 +474,16 @@ class _Builder:
         # view rules follow them one step at a time.
         producer = self.view_nodes.get(source)
         merged = producer is not None and self.meta(source).ndim < self.meta(producer).ndim
-        if producer is not None and (merged or source in self.picks_viewed) and self.meta(producer).shape == meta.shape:
+        # a value with size-1 dims added or dropped and viewed back (an in-place collective on a
+        # gradient that is a view of its reduction's [1, 1, n] result, once functionalised)
+        unit_dims = producer is not None and _without_ones(self.meta(source).shape) == _without_ones(
+            self.meta(producer).shape
+        )
+        if (
+            producer is not None
+            and (merged or unit_dims or source in self.picks_viewed)
+            and self.meta(producer).shape == meta.shape
+        ):
             source = producer
         if self.meta(source).shape == meta.shape:
             if not suffix:
@@ -1305,6 +1314,10 @@ def _module_of(fx: torch.fx.Node) -> tuple[str, str]:
         return "", ""
     path, module_type = list(stack.values())[-1]
     return str(path), str(module_type)
+
+
+def _without_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def to_graph(

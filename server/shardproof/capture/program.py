@@ -302,6 +302,38 @@ def _export(
         raise error from None
 
 
+def _trace_joint(
+    module: nn.Module,
+    inputs: tuple[Any, ...],
+    step: Callable[..., Any] | None,
+    stage: str,
+    wanted: list[tuple[str, Any]] | None = None,
+) -> Any:
+    """Trace forward and backward together (checks with `gradients`, see gradients.py)."""
+    from .gradients import JointSpec, trace_joint
+
+    attributes_as_buffers(module)
+    try:
+        with warnings.catch_warnings(), _quiet_torch_logs():
+            warnings.simplefilter("ignore")
+            if dtensor.uses_dtensor(module):
+                raise UserCodeError(
+                    "gradients of DTensor models are not supported yet (their joint graph needs aot_autograd)"
+                )
+            return trace_joint(JointSpec(module, inputs, step, wanted))
+    except UserCodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a tracing failure is reported at the user line
+        raise user_code_error(exc, stage) from None
+
+
+def _joint_graph(program: Any, name: str, rank: int | None, world_size: int, resolve: Any = None) -> Graph:
+    graph = to_graph(program, name, rank, world_size, resolve)
+    graph.gradient_roles = list(program.roles)
+    graph.gradient_cuts = list(program.cuts)
+    return graph
+
+
 def inline_grad_mode_regions(graph_module: torch.fx.GraphModule) -> None:
     """Put the body of every `torch.enable_grad()` / `no_grad()` region back into the graph.
 
@@ -492,8 +524,20 @@ class CheckCapture:
                     # are over one rank, the identity.
                     with fake_rank(0, 1):
                         module, values = _build_reference(self.build_reference, tracker)
-                        program = _export(module, _to_meta(inputs), "tracing the reference (world size 1)")
-                        graph = to_graph(program, "reference", None, 1, group_ranks)
+                        if self.check.gradients is not None:
+                            step = self._step("reference_step")
+                            joint = _trace_joint(module, _to_meta(inputs), step, "tracing the reference (world size 1)")
+                            graph = _joint_graph(joint, "reference", None, 1, group_ranks)
+                            program = None
+                        else:
+                            program = _export(module, _to_meta(inputs), "tracing the reference (world size 1)")
+                            graph = to_graph(program, "reference", None, 1, group_ranks)
+                elif self.check.gradients is not None:
+                    module, values = _build_reference(self.build_reference, tracker)
+                    step = self._step("reference_step")
+                    program = _trace_joint(module, _to_meta(inputs), step, "tracing the reference (with gradients)")
+                    graph = _joint_graph(program, "reference", None, 1)
+                    program = None
                 else:
                     module, values = _build_reference(self.build_reference, tracker)
                     program = _export(module, _to_meta(inputs), "tracing the reference")
@@ -523,8 +567,11 @@ class CheckCapture:
             with fake_rank(rank, world_size):
                 module, values, applied_styles = self.build_rank(rank, world_size, reference.values)
                 plan = dtensor.plan_entries(module, applied_styles)
-                program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
-                graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
+                if self.check.gradients is not None:
+                    graph = self._rank_joint_graph(module, values, meta_inputs, reference.graph, rank, world_size)
+                else:
+                    program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
+                    graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
                 graph.plan_entries = plan
             return RankCapture(rank, graph, values), dtensor.uses_dtensor(module)
 
@@ -537,6 +584,48 @@ class CheckCapture:
         ranks = [rank for rank, _ in captured]
         elapsed = time.perf_counter() - start
         return CaptureResult(reference, ranks, world_size, {"reference": reference.seconds, "ranks": elapsed})
+
+    def _step(self, which: str) -> Callable[..., Any] | None:
+        """The declared reference or parallel step of a gradients check (None: the default)."""
+        gradients = self.check.gradients
+        spec = getattr(gradients, which) if gradients is not None else None
+        if spec is None:
+            return None
+        return load_callable(spec, which.replace("_", "-"), self.check, self.project)
+
+    def _rank_joint_graph(
+        self,
+        module: nn.Module,
+        values: dict[str, Expr],
+        inputs: tuple[Any, ...],
+        reference: Graph,
+        rank: int,
+        world_size: int,
+    ) -> Graph:
+        """A rank's joint graph, returning for every reference gradient the rank's counterpart."""
+        from ..relations.expr import describe
+        from .gradients import gradient_parts
+
+        trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+        parts = gradient_parts(values, trainable)
+        wanted = []
+        gaps = []
+        for role in reference.gradient_roles:
+            if role is None:
+                continue
+            part = parts.get(role.parameter)
+            wanted.append((role.parameter, part))
+            if part is None:
+                holders = [f"`{n}` is {describe(e)}" for n, e in values.items() if role.parameter in describe(e)]
+                gaps.append(
+                    f"the gradient of `{role.parameter}` cannot be compared on rank {rank}: no rank parameter holds "
+                    "that parameter whole or as one block" + (f" ({'; '.join(holders[:2])})" if holders else "")
+                )
+        step = self._step("parallel_step")
+        joint = _trace_joint(module, inputs, step, f"tracing rank {rank} of {world_size} (with gradients)", wanted)
+        graph = _joint_graph(joint, f"rank{rank}", rank, world_size, group_ranks)
+        graph.gradient_gaps = gaps
+        return graph
 
     def build_rank(
         self, rank: int, world_size: int, same_code_values: dict[str, Expr] | None = None

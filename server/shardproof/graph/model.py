@@ -103,6 +103,20 @@ PLACEHOLDER_KINDS = ("parameter", "buffer", "input", "constant")
 
 
 @dataclass(frozen=True, slots=True)
+class GradientRole:
+    """An output that is a parameter gradient: of reference parameter `parameter`, or (on a rank)
+    of `rank_parameter`, equal to the whole reference gradient or to its block [start, end) of
+    `dim` (dim None: the whole)."""
+
+    parameter: str
+    rank_parameter: str | None = None
+    dim: int | None = None
+    start: int = 0
+    end: int = 0
+    absent: bool = False  # the rank computes no gradient for its parameter (zeros stand in)
+
+
+@dataclass(frozen=True, slots=True)
 class Placeholder:
     id: str
     kind: str  # one of PLACEHOLDER_KINDS
@@ -123,6 +137,12 @@ class Graph:
     source_files: set[str] = field(default_factory=set)
     # module path -> the plan entry that parallelized it (DTensor plans), `function` = the style
     plan_entries: dict[str, Frame] = field(default_factory=dict)
+    # per output, when gradients are verified: None for a forward output, else which gradient it is
+    gradient_roles: list[GradientRole | None] = field(default_factory=list)
+    # reference gradients this rank cannot show (no parameter holds them whole or as one block)
+    gradient_gaps: list[str] = field(default_factory=list)
+    # where user code detaches a value in the forward (a place gradients stop)
+    gradient_cuts: list[SourceSite] = field(default_factory=list)
 
     def node_map(self) -> dict[str, Node]:
         return {n.id: n for n in self.nodes}

@@ -151,6 +151,9 @@ class Localizer:
     def explain(self, failing_outputs: list[int]) -> Discrepancy | Unsupported:
         if self.ev.issues:
             return self.collective_mismatch(self.ev.issues[0])
+        missing = self.missing_gradient(failing_outputs)
+        if missing is not None:
+            return missing
         duplicate = self.duplicate_reduction()
         broken: list[tuple[int, int, str]] = []
         failing_ids = [self.reference.outputs[i] for i in failing_outputs]
@@ -1381,16 +1384,84 @@ class Localizer:
             spans[0][0].describe(ref_meta.shape if ref_meta else None) if spans and spans[0] else "no relation",
             Discrepancy(
                 kind=kind,
-                message=f"output {index} does not equal the reference output on every rank ({found})",
+                message=f"{self._output_name(index)} does not equal the reference's on every rank ({found})",
                 primary=self.rank_site(node) if node else None,
                 reference=self.ref_site(ref_node) if ref_node else None,
                 ranks=list(range(len(self.ev.ranks))),
                 reference_node=ref_value,
-                expected="every rank returns the reference output (or the declared output relation)",
+                expected=self._output_expectation(index),
                 found=found,
-                suggestion="combine the ranks' results so that each returns the full output",
+                suggestion=self._output_suggestion(index, kind),
             ),
         )
+
+    def missing_gradient(self, failing_outputs: list[int]) -> Discrepancy | None:
+        """A rank that computes no gradient at all for a parameter the reference trains: its
+        forward detaches the path (reported at the detach), or the parameter is frozen or unused
+        on the rank (reported at the parameter's use)."""
+        for index in failing_outputs:
+            parameter = self._gradient_of(index)
+            if parameter is None:
+                continue
+            ranks = [
+                r
+                for r, graph in enumerate(self.ev.ranks)
+                if index < len(graph.gradient_roles)
+                and (role := graph.gradient_roles[index]) is not None
+                and role.absent
+            ]
+            if not ranks:
+                continue
+            graph = self.ev.ranks[ranks[0]]
+            role = graph.gradient_roles[index]
+            assert role is not None
+            cuts = graph.gradient_cuts
+            if cuts:
+                primary = to_site(pick_frame(cuts[-1], self.ref_lines), "the gradient stops here")
+                cause = "its forward detaches the value the gradient flows through"
+            else:
+                use = self._first_use(ranks[0], role.rank_parameter or parameter)
+                primary = self.rank_site(use, "the parameter is used here") if use else None
+                cause = "the parameter is frozen or takes no part in the loss on the rank"
+            return Discrepancy(
+                kind="missing-gradient",
+                message=f"rank {ranks[0]} computes no gradient for `{role.rank_parameter}` "
+                f"(the reference trains `{parameter}`): {cause}",
+                primary=primary,
+                reference=None,
+                ranks=ranks,
+                reference_node=self.reference.outputs[index],
+                expected=f"the gradient of `{parameter}` (or its block) on every rank",
+                found="no gradient (zeros)",
+                suggestion="let the gradient flow: remove the detach / no_grad on this path, or train the parameter",
+            )
+        return None
+
+    def _first_use(self, rank: int, parameter: str) -> Node | None:
+        graph = self.ev.ranks[rank]
+        placeholder = next((p.id for p in graph.placeholders if p.target == parameter), None)
+        if placeholder is None:
+            return None
+        return next((n for n in graph.nodes if placeholder in n.inputs), None)
+
+    def _gradient_of(self, index: int) -> str | None:
+        roles = self.reference.gradient_roles
+        role = roles[index] if index < len(roles) else None
+        return role.parameter if role is not None else None
+
+    def _output_name(self, index: int) -> str:
+        parameter = self._gradient_of(index)
+        return f"the gradient of `{parameter}`" if parameter else f"output {index}"
+
+    def _output_expectation(self, index: int) -> str:
+        if self._gradient_of(index):
+            return "every rank holds the reference gradient whole, or the block of it its parameter holds"
+        return "every rank returns the reference output (or the declared output relation)"
+
+    def _output_suggestion(self, index: int, kind: str) -> str:
+        if self._gradient_of(index) and kind == "missing-reduction":
+            return "all-reduce this gradient over the ranks after backward (each rank's covers only its own part)"
+        return "combine the ranks' results so that each returns the full output"
 
     def _with_output_picture(
         self, ref_value: str, rank: int, value: str, label: str, found: Discrepancy

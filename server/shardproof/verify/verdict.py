@@ -24,7 +24,15 @@ def output_relations(
         # a pipeline: the last stage returns the reference's outputs, the others what they hand on
         ranks, expectation = ranks[-1:], "replicated"
     accepted = ACCEPTED.get(expectation, ACCEPTED["sharded"])
+    roles = reference.gradient_roles
     for i, ref_value in enumerate(reference.outputs):
+        role = roles[i] if i < len(roles) else None
+        if role is not None:
+            gradient = _gradient_relation(index, ref_value, ranks, i, role.parameter)
+            found.append(gradient)
+            if gradient.relation != "gradient":
+                failing.append(i)
+            continue
         relation = _relation(index, ref_value, ranks, i)
         if last_rank and relation.relation == "replicated":
             relation.description = f"the last rank (rank {ranks[0].rank}) returns the full reference output"
@@ -76,6 +84,69 @@ def _relation(index: RelationIndex, ref_value: str, ranks: list[Graph], i: int) 
             if position == psums[0].total:  # type: ignore[union-attr]
                 return OutputRelation(i, "partial", "ranks return partial sums; their sum is the reference output")
     return OutputRelation(i, "none", "no relation to the reference output was proven")
+
+
+def _gradient_relation(
+    index: RelationIndex, ref_value: str, ranks: list[Graph], i: int, parameter: str
+) -> OutputRelation:
+    """A gradient output: every rank must return the reference gradient of `parameter` whole where
+    the rank holds the whole parameter, or the same block where it holds a block."""
+    shape = reference_shape(index, ref_value)
+    blocks = []
+    for position, graph in enumerate(ranks):
+        rank = graph.rank if graph.rank is not None else position
+        role = graph.gradient_roles[i] if i < len(graph.gradient_roles) else None
+        if role is None or i >= len(graph.outputs) or role.parameter != parameter:
+            return OutputRelation(i, "none", f"rank {rank} returns no gradient for `{parameter}`")
+        if role.absent:
+            return OutputRelation(i, "none", f"rank {rank} computes no gradient for `{role.rank_parameter}`")
+        value = graph.outputs[i]
+        rels = [rel for rel, values in index.relations(ref_value, rank) if value in values]
+        if role.dim is None:
+            if not any(r.kind == "equal" for r in rels):
+                return OutputRelation(
+                    i,
+                    "none",
+                    f"rank {rank}'s gradient of `{role.rank_parameter}` is not the full gradient of "
+                    f"`{parameter}`" + _found(rels),
+                )
+            blocks.append("whole")
+            continue
+        dim = role.dim - len(shape) if shape and role.dim >= 0 else role.dim
+        if not any(
+            r.kind == "sel"
+            and len(r.ranges) == 1
+            and r.ranges[0] == (role.start, role.end)
+            and _same_dim(r.dim, dim, shape)
+            for r in rels
+        ):
+            return OutputRelation(
+                i,
+                "none",
+                f"rank {rank}'s gradient of `{role.rank_parameter}` is not block [{role.start}:{role.end}] "
+                f"of the gradient of `{parameter}`" + _found(rels),
+            )
+        blocks.append(f"[{role.start}:{role.end}]")
+    if all(b == "whole" for b in blocks):
+        text = f"gradient of `{parameter}`: every rank holds the full reference gradient"
+    else:
+        text = f"gradient of `{parameter}`: rank r holds the block of the parameter it holds: " + ", ".join(blocks)
+    return OutputRelation(i, "gradient", text)
+
+
+def _same_dim(found: int, expected: int, shape: tuple[int, ...] | None) -> bool:
+    if found == expected:
+        return True
+    return bool(shape) and (found % len(shape)) == (expected % len(shape))  # type: ignore[arg-type]
+
+
+def _found(rels: list) -> str:
+    kinds = sorted({r.kind for r in rels})
+    if "psum" in kinds:
+        return " (it is a partial sum: the ranks' gradients add up to it, so a reduction is missing)"
+    if "pmax" in kinds:
+        return " (it is a partial maximum)"
+    return ""
 
 
 def reference_shape(index: RelationIndex, ref_value: str) -> tuple[int, ...] | None:

@@ -1,0 +1,105 @@
+"""Gradients (examples/gradients): the parameter gradients of tensor- and sequence-parallel
+training steps, captured forward and backward together, are verified against the reference's;
+a missing all-reduce in a custom backward, a norm gradient left out of the sequence-parallel
+all-reduce and a detach that stops the gradients are found at their lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardproof.config import load_project
+from shardproof.pipeline import verify_check
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gradients"
+
+
+def _bug_variants():
+    spec = importlib.util.spec_from_file_location("gradient_bug_variants", EXAMPLE / "bug_variants.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bug_variants = _bug_variants()
+
+
+@pytest.mark.parametrize("name", ["grads-tp", "grads-sp"])
+def test_every_gradient_is_verified_at_2_and_4_ranks(name: str, sandbox) -> None:
+    project = load_project(EXAMPLE)
+    result = verify_check(project.check(name), project, [2, 4], sandbox)
+    assert result.error is None
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
+        r.summary for r in result.results
+    ]
+    for outcome in result.results:
+        loss, *gradients = outcome.outputs
+        assert loss.relation == "replicated"
+        described = {o.description.split(":")[0] for o in gradients}
+        # the frozen head has no gradient; every other parameter's is checked
+        assert described == {
+            f"gradient of `model.{name}`"
+            for name in (
+                "embed.weight",
+                "layers.0.norm.weight",
+                "layers.0.up.weight",
+                "layers.0.down.weight",
+                "layers.1.norm.weight",
+                "layers.1.up.weight",
+                "layers.1.down.weight",
+                "norm.weight",
+            )
+        }
+        assert all(o.relation == "gradient" for o in gradients)
+        up = next(o for o in gradients if "layers.0.up.weight" in o.description)
+        blocks = ", ".join(
+            f"[{r * 32 // outcome.world_size}:{(r + 1) * 32 // outcome.world_size}]" for r in range(outcome.world_size)
+        )
+        assert up.description.endswith(blocks)
+
+
+@pytest.fixture(scope="module")
+def variant_projects(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gradient-variants")
+    return {v.name: bug_variants.materialize(v, root / v.name) for v in bug_variants.VARIANTS}
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "world_size"),
+    [
+        ("partial-input-gradient", "partial-sum-into-nonlinear", 2),
+        ("partial-input-gradient", "partial-sum-into-nonlinear", 4),
+        ("final-norm-gradient-not-reduced", "missing-reduction", 2),
+        ("final-norm-gradient-not-reduced", "missing-reduction", 4),
+        ("frozen-head-stops-gradients", "missing-gradient", 2),
+        ("frozen-head-stops-gradients", "missing-gradient", 4),
+    ],
+)
+def test_gradient_mistake_is_reported_at_its_line(
+    name: str, kind: str, world_size: int, variant_projects: dict[str, Path], sandbox
+) -> None:
+    bug = bug_variants.variant(name)
+    root = variant_projects[name]
+    project = load_project(root)
+    (outcome,) = verify_check(project.check(bug.check), project, [world_size], sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    finding = outcome.discrepancies[0]
+    assert finding.kind == kind, finding.message
+    assert finding.primary is not None, finding.message
+    assert finding.primary.file.endswith(bug.reported_file)
+    assert finding.primary.line == bug.line_number(root), finding.message
+    if name == "final-norm-gradient-not-reduced":
+        assert "the gradient of `model.norm.weight`" in finding.message
+        assert "all-reduce this gradient" in finding.suggestion
+    if name == "frozen-head-stops-gradients":
+        assert "computes no gradient" in finding.message and finding.ranks == list(range(world_size))
+    if finding.witness is not None and name != "partial-input-gradient":
+        assert finding.witness["status"] == "unconfirmed"
+        assert "forward passes only" in finding.witness["reason"]
