@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import linecache
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -178,6 +180,9 @@ def trace_joint(spec: JointSpec) -> JointProgram:
     module = spec.module
     named_parameters = list(module.named_parameters())
     named_buffers = list(module.named_buffers())
+    # a tied parameter (one tensor under two names) is one leaf under both names
+    canonical = {id(p): name for name, p in named_parameters}
+    aliases = {name: canonical[id(p)] for name, p in module.named_parameters(remove_duplicate=False)}
     trainable = {name for name, p in named_parameters if p.requires_grad}
     mode = FakeTensorMode(allow_non_fake_inputs=True)
 
@@ -190,14 +195,16 @@ def trace_joint(spec: JointSpec) -> JointProgram:
     inputs = torch.utils._pytree.tree_map(lambda v: fake_like(v) if isinstance(v, torch.Tensor) else v, spec.inputs)
     cotangents: list[torch.Tensor] = []
     if spec.step is None:
-        with mode, _reparametrize_module(module, {**parameters, **buffers}), torch.no_grad():
+        every_name = {name: parameters[source] for name, source in aliases.items()}
+        with mode, _reparametrize_module(module, {**every_name, **buffers}), torch.no_grad():
             cotangents = [torch.empty_like(t) for t in _flat_tensors(module(*inputs))]
     roles: list[GradientRole | None] = []
 
     def joint(parameters: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], inputs: Any, cotangents: Any):
         with _own_code():
             leaves = {name: p.detach().requires_grad_(name in trainable) for name, p in parameters.items()}
-        with _reparametrize_module(module, {**leaves, **buffers}), torch.enable_grad():
+        tied = {name: leaves[source] for name, source in aliases.items()}
+        with _reparametrize_module(module, {**tied, **buffers}), torch.enable_grad():
             if spec.step is None:
                 outputs = module(*inputs)
                 flat = _flat_tensors(outputs)
@@ -334,9 +341,21 @@ def _detached_sites(graph: torch.fx.Graph) -> list[SourceSite]:
     for node in graph.nodes:
         if node.target is torch.ops.aten.detach.default and not node.meta.get("autograd_backward"):
             site = frames.parse_stack_trace(node.meta.get("stack_trace"))
-            if site is not None:
+            # autograd also detaches tensors it saves for backward, at the site of their operation
+            if site is not None and site not in sites and _calls_detach(site):
                 sites.append(site)
     return sites
+
+
+def _calls_detach(site: SourceSite) -> bool:
+    frame = site.innermost
+    if frame is None:
+        return False
+    text = linecache.getline(frame.file, frame.line)
+    if frame.column is not None and frame.end_column is not None and frame.end_line == frame.line:
+        text = text[frame.column : frame.end_column]
+    # the executing expression is the detach call itself, not a call that encloses one
+    return re.search(r"\bdetach_?\([^()]*\)\s*$", text.strip()) is not None
 
 
 def _backward_decompositions() -> dict[Any, Callable[..., Any]]:
