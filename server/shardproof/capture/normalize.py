@@ -226,8 +226,10 @@ class _Builder:
         rank: int | None,
         world_size: int,
         resolve_group: Callable[[str], tuple[int, ...]] | None,
+        joint: bool = False,
     ) -> None:
         self.program = program
+        self.joint = joint  # a functionalised forward-backward graph (capture/gradients.py)
         self.graph = Graph(name=name, rank=rank, world_size=world_size, placeholders=[], nodes=[], outputs=[])
         self.resolve_group = resolve_group
         self.alias: dict[str, str] = {}  # fx node name -> IR value id
@@ -474,10 +476,13 @@ class _Builder:
         # view rules follow them one step at a time.
         producer = self.view_nodes.get(source)
         merged = producer is not None and self.meta(source).ndim < self.meta(producer).ndim
-        # a value with size-1 dims added or dropped and viewed back (an in-place collective on a
-        # gradient that is a view of its reduction's [1, 1, n] result, once functionalised)
-        unit_dims = producer is not None and _without_ones(self.meta(source).shape) == _without_ones(
-            self.meta(producer).shape
+        # in a joint graph, a value with size-1 dims added or dropped and viewed back (an in-place
+        # collective on a gradient that is a view of its reduction's [1, 1, n] result, once
+        # functionalised); forward graphs keep such chains for the key/value repeat rules
+        unit_dims = (
+            self.joint
+            and producer is not None
+            and _without_ones(self.meta(source).shape) == _without_ones(self.meta(producer).shape)
         )
         if (
             producer is not None
@@ -1326,5 +1331,6 @@ def to_graph(
     rank: int | None,
     world_size: int,
     resolve_group: Callable[[str], tuple[int, ...]] | None = None,
+    joint: bool = False,
 ) -> Graph:
-    return _Builder(program, name, rank, world_size, resolve_group).build()
+    return _Builder(program, name, rank, world_size, resolve_group, joint).build()

@@ -328,7 +328,7 @@ def _trace_joint(
 
 
 def _joint_graph(program: Any, name: str, rank: int | None, world_size: int, resolve: Any = None) -> Graph:
-    graph = to_graph(program, name, rank, world_size, resolve)
+    graph = to_graph(program, name, rank, world_size, resolve, joint=True)
     graph.gradient_roles = list(program.roles)
     graph.gradient_cuts = list(program.cuts)
     return graph
