@@ -131,7 +131,6 @@ class Gradients:
 
     reference_step: str | None = None
     parallel_step: str | None = None
-    line: int = 0
 
 
 def _glob_regex(pattern: str) -> str:
@@ -317,7 +316,7 @@ def _gradients(value: Any, name: str, outputs: str, line: int, lines: list[str],
             'rank, so `outputs` must be "replicated" (or declare reference-step and parallel-step)',
             site(line),
         )
-    return Gradients(steps["reference_step"], steps["parallel_step"], line)
+    return Gradients(steps["reference_step"], steps["parallel_step"])
 
 
 def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str]) -> Check:

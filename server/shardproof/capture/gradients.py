@@ -33,7 +33,7 @@ import torch.fx.traceback as fx_traceback
 from torch import nn
 
 from ..graph.model import GradientRole, SourceSite
-from ..relations.expr import CatOf, Expr, ParamRef, SliceOf
+from ..relations.expr import CatOf, Expr, ParamRef, SliceOf, norm_dim
 from . import frames
 from .remap import extended_collective_remaps
 
@@ -64,6 +64,12 @@ class GradientPart:
     offset: int = 0  # where the block sits in the rank parameter's gradient along `dim`
     whole: bool = False  # the block is the whole reference parameter (packed with others)
 
+    def role(self, absent: bool) -> GradientRole:
+        """The output role of this part's gradient (`absent`: the rank computes none)."""
+        if self.dim is None or self.whole:
+            return GradientRole(self.parameter, self.rank_parameter, absent=absent)
+        return GradientRole(self.parameter, self.rank_parameter, self.dim, self.start, self.end, absent=absent)
+
 
 def gradient_parts(values: dict[str, Expr], trainable: set[str]) -> dict[str, GradientPart]:
     """For every reference parameter some rank parameter holds whole or as one block, how the
@@ -81,8 +87,8 @@ def gradient_parts(values: dict[str, Expr], trainable: set[str]) -> dict[str, Gr
                 parts.setdefault(piece.name, GradientPart(piece.name, rank_name, cat_dim, 0, size, offset, whole=True))
             elif isinstance(piece, SliceOf) and isinstance(piece.source, ParamRef):
                 nd = len(piece.source.shape)
-                dim = piece.dim - nd if piece.dim >= 0 else piece.dim
-                if cat_dim is not None and dim != (cat_dim - nd if cat_dim >= 0 else cat_dim):
+                dim = norm_dim(piece.dim, nd)
+                if cat_dim is not None and dim != norm_dim(cat_dim, nd):
                     break  # blocks along one dim packed along another: not one block of the gradient
                 parts.setdefault(
                     piece.source.name, GradientPart(piece.source.name, rank_name, dim, piece.start, piece.end, offset)
@@ -201,7 +207,7 @@ def trace_joint(spec: JointSpec) -> JointProgram:
     roles: list[GradientRole | None] = []
 
     def joint(parameters: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], inputs: Any, cotangents: Any):
-        with _own_code():
+        with _no_caller_frames():
             leaves = {name: p.detach().requires_grad_(name in trainable) for name, p in parameters.items()}
         tied = {name: leaves[source] for name, source in aliases.items()}
         with _reparametrize_module(module, {**tied, **buffers}), torch.enable_grad():
@@ -211,7 +217,7 @@ def trace_joint(spec: JointSpec) -> JointProgram:
                 _attribute_backward(flat)
                 differentiable = [(o, c) for o, c in zip(flat, cotangents, strict=True) if o.requires_grad]
                 if differentiable:
-                    with _in_backward():
+                    with _no_caller_frames():
                         torch.autograd.backward([o for o, _ in differentiable], [c for _, c in differentiable])
             else:
                 with _attributing_every_backward():
@@ -220,7 +226,7 @@ def trace_joint(spec: JointSpec) -> JointProgram:
             grads = {name: leaf.grad for name, leaf in leaves.items()}
         roles[:] = [None] * len(flat)
         gradient_roles: list[GradientRole] = []
-        with _own_code():
+        with _no_caller_frames():
             outputs = [o.detach() for o in flat]
             outputs += _gradient_outputs(grads, leaves, spec.wanted, trainable, gradient_roles)
         roles.extend(gradient_roles)
@@ -239,14 +245,11 @@ def trace_joint(spec: JointSpec) -> JointProgram:
     return JointProgram(functional, signature, roles, _detached_sites(traced.graph))
 
 
-def _own_code() -> contextlib.AbstractContextManager[None]:
-    """Operations shardproof itself adds (leaves, detached outputs, gradient blocks) have no site."""
-    return _in_backward()
-
-
 @contextlib.contextmanager
-def _in_backward() -> Iterator[None]:
-    """Frames outside the autograd engine (the call of `backward()`) are not sites of its nodes."""
+def _no_caller_frames() -> Iterator[None]:
+    """Frames of the code that called this are not sites: neither the call of `backward()` for the
+    nodes autograd runs, nor the capture for what shardproof adds itself (leaves, detached
+    outputs, gradient blocks)."""
     frames.BACKWARD.depth += 1
     try:
         yield
@@ -262,12 +265,12 @@ def _attributing_every_backward() -> Iterator[None]:
 
     def backward_fn(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
         _attribute_backward(_flat_tensors(tensors))
-        with _in_backward():
+        with _no_caller_frames():
             return original_fn(tensors, grad_tensors, *args, **kwargs)
 
     def tensor_backward(self: torch.Tensor, gradient: Any = None, *args: Any, **kwargs: Any) -> Any:
         _attribute_backward([self])
-        with _in_backward():
+        with _no_caller_frames():
             return original(self, gradient, *args, **kwargs)
 
     torch.Tensor.backward = tensor_backward  # type: ignore[method-assign]
@@ -294,7 +297,7 @@ def _gradient_outputs(
                 outputs.append(grad)
                 roles.append(GradientRole(name))
         return outputs
-    for parameter, part in wanted:
+    for _, part in wanted:
         if part is None:
             continue
         grad = grads.get(part.rank_parameter)
@@ -304,10 +307,7 @@ def _gradient_outputs(
         if part.dim is not None and (part.offset or part.end - part.start != grad.shape[part.dim]):
             grad = grad.narrow(part.dim, part.offset, part.end - part.start)
         outputs.append(grad)
-        if part.dim is None or part.whole:
-            roles.append(GradientRole(parameter, part.rank_parameter, absent=absent))
-        else:
-            roles.append(GradientRole(parameter, part.rank_parameter, part.dim, part.start, part.end, absent=absent))
+        roles.append(part.role(absent))
     return outputs
 
 

@@ -524,24 +524,12 @@ class CheckCapture:
                     # are over one rank, the identity.
                     with fake_rank(0, 1):
                         module, values = _build_reference(self.build_reference, tracker)
-                        if self.check.gradients is not None:
-                            step = self._step("reference_step")
-                            joint = _trace_joint(module, _to_meta(inputs), step, "tracing the reference (world size 1)")
-                            graph = _joint_graph(joint, "reference", None, 1, group_ranks)
-                            program = None
-                        else:
-                            program = _export(module, _to_meta(inputs), "tracing the reference (world size 1)")
-                            graph = to_graph(program, "reference", None, 1, group_ranks)
-                elif self.check.gradients is not None:
-                    module, values = _build_reference(self.build_reference, tracker)
-                    step = self._step("reference_step")
-                    program = _trace_joint(module, _to_meta(inputs), step, "tracing the reference (with gradients)")
-                    graph = _joint_graph(program, "reference", None, 1)
-                    program = None
+                        graph, program = self._trace_reference(
+                            module, _to_meta(inputs), "tracing the reference (world size 1)", group_ranks
+                        )
                 else:
                     module, values = _build_reference(self.build_reference, tracker)
-                    program = _export(module, _to_meta(inputs), "tracing the reference")
-                    graph = to_graph(program, "reference", None, 1)
+                    graph, program = self._trace_reference(module, _to_meta(inputs), "tracing the reference")
             self._reference = ReferenceCapture(graph, values, inputs, time.perf_counter() - start, program)
         return self._reference
 
@@ -585,6 +573,16 @@ class CheckCapture:
         elapsed = time.perf_counter() - start
         return CaptureResult(reference, ranks, world_size, {"reference": reference.seconds, "ranks": elapsed})
 
+    def _trace_reference(
+        self, module: nn.Module, inputs: tuple[Any, ...], stage: str, resolve: Any = None
+    ) -> tuple[Graph, torch.export.ExportedProgram | None]:
+        """The reference's graph, and its exported program (None for a joint forward-backward graph)."""
+        if self.check.gradients is not None:
+            joint = _trace_joint(module, inputs, self._step("reference_step"), f"{stage} (with gradients)")
+            return _joint_graph(joint, "reference", None, 1, resolve), None
+        program = _export(module, inputs, stage)
+        return to_graph(program, "reference", None, 1, resolve), program
+
     def _step(self, which: str) -> Callable[..., Any] | None:
         """The declared reference or parallel step of a gradients check (None: the default)."""
         gradients = self.check.gradients
@@ -603,7 +601,7 @@ class CheckCapture:
         world_size: int,
     ) -> Graph:
         """A rank's joint graph, returning for every reference gradient the rank's counterpart."""
-        from ..relations.expr import describe
+        from ..relations.expr import describe, referenced_params
         from .gradients import gradient_parts
 
         trainable = {name for name, p in module.named_parameters() if p.requires_grad}
@@ -616,7 +614,9 @@ class CheckCapture:
             part = parts.get(role.parameter)
             wanted.append((role.parameter, part))
             if part is None:
-                holders = [f"`{n}` is {describe(e)}" for n, e in values.items() if role.parameter in describe(e)]
+                holders = [
+                    f"`{n}` is {describe(e)}" for n, e in values.items() if role.parameter in referenced_params(e)
+                ]
                 gaps.append(
                     f"the gradient of `{role.parameter}` cannot be compared on rank {rank}: no rank parameter holds "
                     "that parameter whole or as one block" + (f" ({'; '.join(holders[:2])})" if holders else "")

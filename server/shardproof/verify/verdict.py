@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ..graph.model import Graph
+from ..relations.expr import norm_dim
 from ..results import OutputRelation
-from .relations_found import RelationIndex
+from .relations_found import Relation, RelationIndex
 
 ACCEPTED = {
     "replicated": {"replicated"},
@@ -48,12 +49,7 @@ def _relation(index: RelationIndex, ref_value: str, ranks: list[Graph], i: int) 
     if any(i >= len(g.outputs) for g in ranks):
         return OutputRelation(i, "none", "some ranks do not return this output")
     shape = reference_shape(index, ref_value)
-    per_rank = []
-    for position, graph in enumerate(ranks):
-        value = graph.outputs[i]
-        rank = graph.rank if graph.rank is not None else position
-        rels = [rel for rel, values in index.relations(ref_value, rank) if value in values]
-        per_rank.append(rels)
+    per_rank = [_output_relations(index, ref_value, graph, position, i)[1] for position, graph in enumerate(ranks)]
     if all(any(r.kind == "equal" for r in rels) for rels in per_rank):
         return OutputRelation(i, "replicated", "every rank returns the full reference output")
     sels = [next((r for r in rels if r.kind == "sel" and len(r.ranges) == 1), None) for rels in per_rank]
@@ -100,8 +96,7 @@ def _gradient_relation(
             return OutputRelation(i, "none", f"rank {rank} returns no gradient for `{parameter}`")
         if role.absent:
             return OutputRelation(i, "none", f"rank {rank} computes no gradient for `{role.rank_parameter}`")
-        value = graph.outputs[i]
-        rels = [rel for rel, values in index.relations(ref_value, rank) if value in values]
+        _, rels = _output_relations(index, ref_value, graph, position, i)
         if role.dim is None:
             if not any(r.kind == "equal" for r in rels):
                 return OutputRelation(
@@ -112,12 +107,11 @@ def _gradient_relation(
                 )
             blocks.append("whole")
             continue
-        dim = role.dim - len(shape) if shape and role.dim >= 0 else role.dim
         if not any(
             r.kind == "sel"
             and len(r.ranges) == 1
             and r.ranges[0] == (role.start, role.end)
-            and _same_dim(r.dim, dim, shape)
+            and _same_dim(r.dim, role.dim, shape)
             for r in rels
         ):
             return OutputRelation(
@@ -134,13 +128,22 @@ def _gradient_relation(
     return OutputRelation(i, "gradient", text)
 
 
+def _output_relations(
+    index: RelationIndex, ref_value: str, graph: Graph, position: int, i: int
+) -> tuple[int, list[Relation]]:
+    """A rank's number and how its output `i` relates to the reference value `ref_value`."""
+    rank = graph.rank if graph.rank is not None else position
+    value = graph.outputs[i]
+    return rank, [rel for rel, values in index.relations(ref_value, rank) if value in values]
+
+
 def _same_dim(found: int, expected: int, shape: tuple[int, ...] | None) -> bool:
-    if found == expected:
-        return True
-    return bool(shape) and (found % len(shape)) == (expected % len(shape))  # type: ignore[arg-type]
+    if not shape:
+        return found == expected
+    return norm_dim(found, len(shape)) == norm_dim(expected, len(shape))
 
 
-def _found(rels: list) -> str:
+def _found(rels: list[Relation]) -> str:
     kinds = sorted({r.kind for r in rels})
     if "psum" in kinds:
         return " (it is a partial sum: the ranks' gradients add up to it, so a reduction is missing)"
