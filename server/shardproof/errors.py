@@ -34,6 +34,15 @@ class UserCodeError(ShardproofError):
     """User code failed: an import error, an exception in a builder, an untraceable model."""
 
 
+class CollectiveCallError(UserCodeError):
+    """A collective call that a real process group rejects (split sizes that do not add up): a
+    mistake in the parallel program at the call's line, reported as a discrepancy."""
+
+
+class CollectiveMisuse(Exception):
+    """Raised while tracing a collective call with arguments no process group accepts."""
+
+
 def _frame_dict(frame: Frame) -> dict[str, Any]:
     return {
         "file": frame.file,
@@ -72,8 +81,10 @@ def user_code_error(exc: BaseException, stage: str) -> UserCodeError:
                 getattr(summary, "end_colno", None),
                 library_of(summary.filename),
             )
-    message = f"{stage}: {type(exc).__name__}: {_first_line(exc)}"
     detail = "".join(traceback.format_exception(exc)).strip()
+    if isinstance(exc, CollectiveMisuse):
+        return CollectiveCallError(f"{stage}: {_first_line(exc)}", site, detail)
+    message = f"{stage}: {type(exc).__name__}: {_first_line(exc)}"
     return UserCodeError(message, site, detail)
 
 

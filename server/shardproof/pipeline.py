@@ -13,8 +13,9 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from .config import Check, Project
-from .errors import ShardproofError
+from .errors import CollectiveCallError, ShardproofError
 from .localize.diagnose import Evidence, explain
+from .localize.sites import to_site
 from .results import CheckResult, Discrepancy, Unsupported, WorldSizeResult
 from .verify.cache import cached_result, result_key, store_result
 from .verify.cache import saturate as saturate_cached
@@ -139,6 +140,23 @@ def _verify_world_size(
     return verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness, partition)
 
 
+def _collective_call_discrepancy(exc: CollectiveCallError, world_size: int, seconds: float) -> WorldSizeResult:
+    """A collective call every real run rejects, as a discrepancy at the call."""
+    primary = to_site(exc.site)
+    message = exc.message.split(": ", 1)[-1] if exc.message.startswith("tracing ") else exc.message
+    finding = Discrepancy(
+        "collective-mismatch",
+        message,
+        primary,
+        suggestion="make every rank's split sizes pair up: what rank i sends to rank j is what rank j receives "
+        "from rank i (the combine of a dispatch swaps them)",
+        witness={"status": "unconfirmed", "reason": "the call fails before any output exists"},
+    )
+    return WorldSizeResult(
+        world_size, "discrepancy", summary=message, discrepancies=[finding], seconds={"capture": seconds}
+    )
+
+
 def verify_world_size(
     capture: object,
     check: Check,
@@ -161,6 +179,8 @@ def verify_world_size(
     try:
         captured = capture.capture(world_size)
         capture.captured.append(captured)
+    except CollectiveCallError as exc:
+        return _collective_call_discrepancy(exc, world_size, time.perf_counter() - start)
     except ShardproofError as exc:
         return WorldSizeResult(
             world_size,

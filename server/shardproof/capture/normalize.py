@@ -6,6 +6,8 @@ verified where ranks compute it on identical inputs, by congruence):
   data movement   slice(dim,start,end) cat(dim) view(shape) permute(perm) expand(shape)
   elementwise     unary(fn) scalar(fn,value) binary(fn) where fill(value)
   reductions      reduce(fn,dim,keepdim) softmax(dim) log_softmax(dim)
+  along a dim     along(fn,dim,index,args): an op on each 1-d fiber along dim independently
+                  (topk values / indices, sort, cumsum)
   indexing        pick(dim): x.gather(dim, i.unsqueeze(dim)).squeeze(dim), one entry per row
   contractions    linear matmul embedding sdpa(is_causal,scale,enable_gqa)
   collectives     all_reduce all_gather reduce_scatter all_to_all broadcast
@@ -15,6 +17,8 @@ verified where ranks compute it on identical inputs, by congruence):
 
 Cross entropy is written out in the numerically stable form a vocabulary-parallel loss computes
 (max, subtract, exp, sum, log, the target's entry), see `op_cross_entropy_loss`.
+`einsum` of two operands is written as the permutes, views and one matmul it computes;
+`one_hot(x, n)` as `unsqueeze(x, -1) == arange(n)`; `clamp` as scalar maximum / minimum.
 A bmm / baddbmm (beta 0) over a batch that a view merged from two dims (Megatron's attention:
 [b * heads, m, k]) becomes a matmul over both dims, viewed to the merged shape, and a value whose
 dims were merged is that value again when viewed back: a shard of the heads stays a shard.
@@ -443,6 +447,12 @@ class _Builder:
                 ids.append(sliced)
                 start += length
             self.multi[fx.name] = ids
+            return
+        if name in _ALONG and all(_meta_of(out) is not None for out in outputs):
+            self.multi[fx.name] = [
+                self.along(fx, name, args, kwargs, _meta_of(out), index=i, suffix=f".{i}")  # type: ignore[arg-type]
+                for i, out in enumerate(outputs)
+            ]
             return
         ids = []
         for i, out in enumerate(outputs):
@@ -1281,6 +1291,147 @@ class _Builder:
         return True
 
     op__log_softmax = op_log_softmax
+
+    # -- ops along one dim, one_hot, clamp, einsum --------------------------------------------------
+    def along(
+        self,
+        fx: torch.fx.Node,
+        name: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        meta: TensorMeta,
+        index: int = 0,
+        suffix: str = "",
+    ) -> str:
+        """An op that maps every 1-d fiber along `dim` on its own (the dim's size may change):
+        a selection of any other dim commutes with it."""
+        source = self.value(args[0])
+        position = _ALONG[name]
+        dim = args[position] if len(args) > position else kwargs.get("dim", -1)
+        dim = norm_dim(dim, self.meta(source).ndim)
+        rest = [_literal(a) for i, a in enumerate(args[1:], start=1) if i != position]
+        rest += [[key, _literal(value)] for key, value in sorted(kwargs.items()) if key != "dim"]
+        attrs = {"fn": name, "dim": dim, "index": index, "args": rest}
+        return self.add(fx, "along", [source], attrs, meta, suffix=suffix)
+
+    def op_cumsum(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        self.along(fx, "cumsum", args, kwargs, meta)
+        return True
+
+    def op_one_hot(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """one_hot(x, n) is unsqueeze(x, -1) == arange(n), as int64: elementwise in x."""
+        source = self.value(args[0])
+        classes = meta.shape[-1]
+        src_meta = self.meta(source)
+        column = self.view(fx, source, TensorMeta((*src_meta.shape, 1), src_meta.dtype), suffix=".column")
+        digest = hashlib.sha256(repr(("arange", classes, "int64")).encode()).hexdigest()[:20]
+        arange = self.add(
+            fx,
+            "constant",
+            [],
+            {"digest": digest, "description": f"arange({classes})"},
+            TensorMeta((classes,), "int64"),
+            suffix=".classes",
+        )
+        hit = self.add(fx, "binary", [column, arange], {"fn": "eq"}, TensorMeta(meta.shape, "bool"), suffix=".eq")
+        self.add(fx, "unary", [hit], {"fn": "cast_" + meta.dtype}, meta)
+        return True
+
+    def op_clamp(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        low = args[1] if len(args) > 1 else kwargs.get("min")
+        high = args[2] if len(args) > 2 else kwargs.get("max")
+        if any(isinstance(bound, torch.fx.Node) for bound in (low, high)) or (low is None and high is None):
+            return False
+        value = self.value(args[0])
+        if low is not None:
+            attrs = {"fn": "maximum", "value": _literal(low)}
+            value = self.add(fx, "scalar", [value], attrs, meta, suffix=".min" if high is not None else "")
+        if high is not None:
+            self.add(fx, "scalar", [value], {"fn": "minimum", "value": _literal(high)}, meta)
+        return True
+
+    def op_einsum(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """A two-operand einsum without repeated or summed-alone letters, as it computes: permute
+        each operand to (batch, free, contracted) / (batch, contracted, free), merge the free and
+        the contracted letters by views, one matmul, and a view and a permute to the output."""
+        equation, operands = args[0], args[1] if len(args) > 1 else None
+        if not isinstance(equation, str) or not isinstance(operands, list | tuple) or len(operands) != 2:
+            return False
+        spec = _einsum_plan(equation.replace(" ", ""))
+        if spec is None:
+            return False
+        a_letters, b_letters, out_letters = spec
+        a, b = self.value(operands[0]), self.value(operands[1])
+        sizes: dict[str, int] = {}
+        for letters, value in ((a_letters, a), (b_letters, b)):
+            shape = self.meta(value).shape
+            if len(shape) != len(letters):
+                return False
+            for letter, size in zip(letters, shape, strict=True):
+                if sizes.setdefault(letter, size) != size:
+                    return False  # broadcasting a size-1 dim: leave it to congruence
+        batch = [c for c in out_letters if c in a_letters and c in b_letters]
+        left = [c for c in a_letters if c not in b_letters]
+        right = [c for c in b_letters if c not in a_letters]
+        contracted = [c for c in a_letters if c in b_letters and c not in out_letters]
+        dtype = meta.dtype
+
+        def arrange(value: str, letters: str, order: list[str], groups: list[list[str]], tag: str) -> str:
+            perm = [letters.index(c) for c in order]
+            if perm != sorted(perm):
+                shape = tuple(sizes[c] for c in order)
+                value = self.add(fx, "permute", [value], {"perm": perm}, TensorMeta(shape, dtype), suffix=f".{tag}p")
+            merged = tuple(math.prod(sizes[c] for c in group) for group in groups)
+            if merged != self.meta(value).shape:
+                value = self.view(fx, value, TensorMeta(merged, dtype), suffix=f".{tag}v")
+            return value
+
+        batch_groups = [[c] for c in batch]
+        lhs = arrange(a, a_letters, batch + left + contracted, [*batch_groups, left, contracted], "a")
+        rhs = arrange(b, b_letters, batch + contracted + right, [*batch_groups, contracted, right], "b")
+        product_shape = (
+            *(sizes[c] for c in batch),
+            math.prod(sizes[c] for c in left),
+            math.prod(sizes[c] for c in right),
+        )
+        order = batch + left + right
+        unmerged = tuple(sizes[c] for c in order)
+        perm = [order.index(c) for c in out_letters]
+        last_is_product = unmerged == product_shape and perm == sorted(perm)
+        product = self.add(
+            fx, "matmul", [lhs, rhs], {}, TensorMeta(product_shape, dtype), suffix="" if last_is_product else ".mm"
+        )
+        if last_is_product:
+            return True
+        if perm == sorted(perm):
+            self.view(fx, product, meta)
+            return True
+        if unmerged != product_shape:
+            product = self.view(fx, product, TensorMeta(unmerged, dtype), suffix=".unmerged")
+        self.add(fx, "permute", [product], {"perm": perm}, meta)
+        return True
+
+
+# ops along one dim: name -> position of the dim among the arguments
+_ALONG = {"topk": 2, "sort": 1, "cumsum": 1, "cumprod": 1, "cummax": 1, "cummin": 1}
+
+
+def _einsum_plan(equation: str) -> tuple[str, str, str] | None:
+    """(a, b, out) letters of a two-operand einsum that `op_einsum` writes out, else None."""
+    if "->" not in equation or "." in equation:
+        return None
+    inputs, out = equation.split("->")
+    if inputs.count(",") != 1:
+        return None
+    a, b = inputs.split(",")
+    terms = (a, b, out)
+    if not all(t.isalpha() and len(set(t)) == len(t) for t in terms if t) or not a or not b:
+        return None
+    if any(c not in a and c not in b for c in out):
+        return None
+    if any((c in a) != (c in b) and c not in out for c in a + b):
+        return None  # a letter summed over one operand only
+    return a, b, out
 
 
 def _is_arange(value: Any, length: int) -> bool:

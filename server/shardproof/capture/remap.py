@@ -24,6 +24,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.distributed.distributed_c10d as c10d
 
+from ..errors import CollectiveMisuse
+
 
 @torch.library.custom_op("shardproof::p2p_send", mutates_args=())
 def p2p_send(tensor: torch.Tensor, peer: int) -> torch.Tensor:
@@ -98,6 +100,46 @@ def _all_to_all(
         target.copy_(out[offset : offset + target.numel()].view_as(target))
         offset += target.numel()
     return _CompletedWork() if async_op else None
+
+
+def _checked_all_to_all_single(remapped: Callable[..., Any]) -> Callable[..., Any]:
+    """all_to_all_single whose split sizes are checked as a process group checks them: they must
+    add up to the rows of the input and of the output (else every real run fails at this call;
+    the functional collective would trace it with a wrongly sized result)."""
+
+    def call(
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None = None,
+        input_split_sizes: list[int] | None = None,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        world_size = dist.get_world_size(_group(group))
+        for role, tensor, splits in (("input", input, input_split_sizes), ("output", output, output_split_sizes)):
+            rows = tensor.shape[0] if tensor.dim() else 1
+            if splits:
+                if len(splits) != world_size:
+                    raise CollectiveMisuse(
+                        f"all_to_all_single: {role}_split_sizes {list(splits)} has {len(splits)} entries for a "
+                        f"group of {world_size} ranks"
+                    )
+                if sum(splits) != rows:
+                    other = "output" if role == "input" else "input"
+                    raise CollectiveMisuse(
+                        f"all_to_all_single on rank {dist.get_rank()}: {role}_split_sizes {list(splits)} add up to "
+                        f"{sum(splits)} rows but the {role} has {rows}; this call fails on every process group "
+                        f"(are the {role} and {other} split sizes swapped?)"
+                    )
+            elif rows % world_size:
+                raise CollectiveMisuse(
+                    f"all_to_all_single without {role}_split_sizes: the {role}'s {rows} rows do not divide among "
+                    f"{world_size} ranks"
+                )
+        return remapped(output, input, output_split_sizes, input_split_sizes, group, async_op=async_op)
+
+    call.__name__ = "all_to_all_single"
+    return call
 
 
 def _reduce_scatter_list(
@@ -230,6 +272,8 @@ def extended_collective_remaps() -> Iterator[None]:
                 table[legacy] = _synchronous(remapped)
         table[dist.broadcast] = _broadcast
         table[dist.all_to_all] = _all_to_all
+        if dist.all_to_all_single in table:
+            table[dist.all_to_all_single] = _checked_all_to_all_single(table[dist.all_to_all_single])
         table[dist.reduce_scatter] = _reduce_scatter_list
         yield
     finally:

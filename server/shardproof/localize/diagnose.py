@@ -399,17 +399,27 @@ class Localizer:
         for value in ref_node.inputs:
             related_inputs.append({v for _, vals in self.index.relations(value, rank) for v in vals})
         best: tuple[int, int, int, Node] | None = None
+        by_name: Node | None = None
         for order, node in enumerate(self.ev.ranks[rank].nodes):
             if node.op != ref_node.op or _fn(node) != _fn(ref_node):
                 continue
             matches = sum(1 for k, v in enumerate(node.inputs) if k < len(related_inputs) and v in related_inputs[k])
             loose = sum(1 for v in node.inputs if any(v in s for s in related_inputs))
-            same_id = 1 if node.id == ref_node.id else 0
-            score = (matches * 4 + loose * 2 + same_id, -order)
-            candidate = (score[0], score[1], order, node)
-            if (matches or loose or same_id) and (best is None or candidate[:2] > best[:2]):
+            if node.id == ref_node.id:
+                by_name = node
+            candidate = (matches * 4 + loose * 2 + (node.id == ref_node.id), -order, order, node)
+            if (matches or loose) and (best is None or candidate[:2] > best[:2]):
                 best = candidate
-        return best[3] if best else None
+        if best is not None:
+            return best[3]
+        # No op of the same kind reads the related inputs: the rank computes something else from
+        # them (a reshape where the reference transposes), which plays the part.
+        if len(ref_node.inputs) == 1:
+            for node in self.ev.ranks[rank].nodes:
+                reads_related = bool(node.inputs) and any(node.inputs[0] in s for s in related_inputs)
+                if reads_related and node.op in ("view", "permute", "expand", "slice"):
+                    return node
+        return by_name
 
     def downstream_all_reduce(
         self, rank: int, value: str, depth: int = 8, kinds: tuple[str, ...] = ("all_reduce",)
@@ -664,6 +674,33 @@ class Localizer:
                     )
             parameter = self.is_parameter_value(rank, other)
             reduction = self.downstream_all_reduce(rank, consumer.id)
+            early = self._reduced_through_movement(rank, other)
+            if early is not None and reduction is not None:
+                # Two partial sums meant to be reduced together: one was reduced on its own first,
+                # so the later all-reduce counts it world-size times.
+                return Discrepancy(
+                    kind="duplicate-reduction",
+                    message=f"this all-reduce completes a partial sum that is then added to another partial sum "
+                    f"and all-reduced again with it, so it counts {len(self.ev.ranks)} times",
+                    # a reduction helper's own line is shared with the later all-reduce: its caller
+                    primary=self.rank_site(
+                        early, innocent={line_of(f) for f in reduction.site.frames} if reduction.site else None
+                    ),
+                    reference=reference_site,
+                    related=[
+                        s
+                        for s in [
+                            self.rank_site(consumer, "where the reduced value joins the partial sum"),
+                            self.rank_site(reduction, "the all-reduce that reduces it again"),
+                        ]
+                        if s
+                    ],
+                    reference_node=ref_node.id,
+                    parallel_nodes=[f"rank{rank}/{early.id}", f"rank{rank}/{consumer.id}"],
+                    expected="both partial sums added first and all-reduced once",
+                    found=f"{holds}, plus a value all-reduced already",
+                    suggestion="remove this all-reduce: the sum it joins is all-reduced afterwards",
+                )
             if parameter is not None and reduction is not None:
                 return Discrepancy(
                     kind="bias-before-reduction",
@@ -736,6 +773,20 @@ class Localizer:
             ),
             details={**self._fix("wrap", "Insert the missing all-reduce"), "holdings": self._holdings(ref_value)},
         )
+
+    def _reduced_through_movement(self, rank: int, value: str, depth: int = 6) -> Node | None:
+        """The all-reduce (sum) that `value` is, through views and permutes, if any."""
+        for _ in range(depth):
+            node = self.rank_node(rank, value)
+            if node is None:
+                return None
+            if node.op == "all_reduce":
+                coll = node.collective
+                return node if coll is None or (coll.reduce_op or "sum") == "sum" else None
+            if node.op not in ("view", "permute") or not node.inputs:
+                return None
+            value = node.inputs[0]
+        return None
 
     def _fix(self, action: str, title: str) -> dict[str, Any]:
         """A mechanical fix, offered when the code has a reduction helper to call."""

@@ -310,7 +310,7 @@ class Instance:
             return (name, self.evaluate(form[1])) in self.facts
         if name in FRONT_END_RELATIONS:
             return self._front_end(name, form[1:])
-        if name == "arin":  # the value feeds an all-reduce: a fact about the graph, not about values
+        if name in ("arin", "a2a-piece"):  # facts about the graph (what feeds or moves), not about values
             self.evaluate(form[1])
             return True
         defined = _DEFINED_ARGUMENT.get(name)

@@ -438,6 +438,7 @@ def _other_dim_slice(g: Gen, same_dim: bool) -> dict[str, Any]:
 
 
 instance_and_near_miss("slice-other-dim", _other_dim_slice)
+instance_and_near_miss("slice-other-dim-of-reference", _other_dim_slice)
 
 
 @instance("concat-of-selections")
@@ -802,6 +803,20 @@ def _(g: Gen) -> dict[str, Any]:
     return {"X": bindings["X"], "d": bindings["d"], "d2": bindings["d2"], "R": bindings["R"]}
 
 
+@instance("along-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _reduced(g, "other", 0)
+    f, a = g.pick((("cumsum#0", "[]"), ("topk#0", "[2]"), ("topk#1", "[2]")))
+    return {"X": bindings["X"], "d": bindings["d"], "d2": bindings["d2"], "R": bindings["R"], "f": f, "a": a}
+
+
+@near_miss("along-other-dim")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    n = bindings["X"].shape[bindings["d"]]
+    return bindings | {"d2": bindings["d"], "R": g.selection(n, most=1), "f": "cumsum#0", "a": "[]"}
+
+
 @near_miss("softmax-other-dim", "log-softmax-other-dim")
 def _(g: Gen) -> dict[str, Any]:
     bindings = _selected(g)
@@ -1135,6 +1150,20 @@ def _(g: Gen) -> dict[str, Any]:
     A, a = bindings.pop("X"), bindings.pop("x")
     B = g.tensor(*A.shape).abs() + 0.5
     return bindings | {"A": A, "a": a, "B": B, "f": g.pick(_members("multiplicative"))}
+
+
+@instance("partial-matmul-replicated", "replicated-matmul-partial")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _partial(g)
+    A, a = bindings.pop("X"), bindings.pop("x")
+    return bindings | {"A": A, "a": a, "B": g.tensor(*A.shape[:-2], A.shape[-1], A.shape[-2])}
+
+
+@instance("partial-linear-replicated")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _partial(g)
+    A, a = bindings.pop("X"), bindings.pop("x")
+    return bindings | {"A": A, "a": a, "W": g.tensor(g.int(2, 5), A.shape[-1])}
 
 
 @near_miss("partial-times-replicated")

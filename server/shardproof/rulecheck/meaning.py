@@ -230,6 +230,24 @@ def narrow_range(x: torch.Tensor, dim: int, start: int, end: int) -> torch.Tenso
     return x.narrow(dim, start, end - start)
 
 
+def _along(key: str, x: torch.Tensor, d: int, args: str) -> torch.Tensor:
+    """`(Along "fn#index" x d args)`: topk (values or indices), sort or a cumulative op along d."""
+    import json
+
+    fn, _, index = key.partition("#")
+    literal = json.loads(args)
+    d = _checked_dim(x, d)
+    if fn == "topk":
+        return torch.topk(x, int(literal[0]), dim=d)[int(index or 0)]
+    if fn == "sort":
+        return torch.sort(x, dim=d)[int(index or 0)]
+    if fn in ("cumsum", "cumprod"):
+        return getattr(torch, fn)(x, dim=d)
+    if fn in ("cummax", "cummin"):
+        return getattr(torch, fn)(x, dim=d)[int(index or 0)]
+    raise Undefined(f"unknown op along a dim {fn}")
+
+
 TENSOR_CONSTRUCTORS: dict[str, Callable[..., Any]] = {
     "Slice": narrow_range,
     "Cat": lambda a, b, d: torch.cat([a, b], _checked_dim(a, d)),
@@ -245,6 +263,7 @@ TENSOR_CONSTRUCTORS: dict[str, Callable[..., Any]] = {
     "Fill": lambda x, m, v: x.masked_fill(m.bool(), float(v)),
     "Red": lambda f, x, d, k: _REDUCTIONS[f](x, dim=_checked_dim(x, d), keepdim=bool(k)),
     "Softmax": lambda x, d: torch.softmax(x, _checked_dim(x, d)),
+    "Along": lambda f, x, d, a: _along(f, x, d, a),
     "LogSoftmax": lambda x, d: torch.log_softmax(x, _checked_dim(x, d)),
     "Linear": F.linear,
     "Matmul": torch.matmul,

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..graph.model import Collective, Graph, Node, TensorMeta
 from ..relations import expr as px
+from .relayout import Exchange, Piece, fold
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -61,6 +62,9 @@ class Encoder:
         self.factless: set[str] = set()  # terms given no shape or `node` facts (see encode_unit)
         self.dtypes: set[str] = set()
         self.issues: list[CollectiveIssue] = []
+        # all-to-all / all-gather results and the views and permutes of them, per receiving rank
+        self.exchanges: dict[tuple[str, str], Exchange] = {}
+        self._relayouts: dict[tuple[str, str], tuple[Exchange, int, list[Node]]] = {}
 
     # -- term plumbing ------------------------------------------------------------------------------
     def _name(self, graph: str, value_id: str) -> str:
@@ -251,6 +255,9 @@ class Encoder:
             self.let(name, f"(Red {_q(a['fn'])} {ins[0]} {a['dim']} {1 if a['keepdim'] else 0})", meta)
         elif op == "softmax":
             self.let(name, f"(Softmax {ins[0]} {a['dim']})", meta)
+        elif op == "along":
+            key = f"{a['fn']}#{a['index']}"
+            self.let(name, f"(Along {_q(key)} {ins[0]} {a['dim']} {_q(json.dumps(a['args']))})", meta)
         elif op == "log_softmax":
             self.let(name, f"(LogSoftmax {ins[0]} {a['dim']})", meta)
         elif op == "linear":
@@ -331,6 +338,8 @@ class Encoder:
         graphs: dict[int, Graph],
     ) -> str:
         assert coll is not None
+        if coll.kind in ("all_to_all", "all_gather"):
+            self.exchanges[(graphs[rank].name, calls[rank].id)] = Exchange(coll.kind, group, calls, graphs)
         inputs = [self.term(graphs[r], calls[r].inputs[0]) for r in group]
         metas = [graphs[r].meta_of(calls[r].inputs[0]) for r in group]
         out_meta = calls[rank].meta
@@ -398,15 +407,50 @@ class Encoder:
             if start == 0 and end == meta.shape[0]:
                 pieces.append(inputs[sender_index])
             else:
-                pieces.append(
-                    self.let(
-                        self._fresh("a2a"),
-                        f"(Slice {inputs[sender_index]} {-nd} {start} {end})",
-                        TensorMeta(shape, meta.dtype),
-                    )
+                piece = self.let(
+                    self._fresh("a2a"),
+                    f"(Slice {inputs[sender_index]} {-nd} {start} {end})",
+                    TensorMeta(shape, meta.dtype),
                 )
+                self.commands.append(f"(a2a-piece {piece})")
+                pieces.append(piece)
             piece_metas.append(TensorMeta(shape, meta.dtype))
         return self._inline_cat(pieces, piece_metas, -len(metas[0].shape))
+
+    def relayout(self, graph: Graph, node: Node, name: str) -> None:
+        """State what an exchange and the views / permutes after it computed, when it is a
+        concatenation of blocks of the ranks' sources (see relayout.py)."""
+        key = (graph.name, node.id)
+        if key in self.exchanges:
+            state = (self.exchanges[key], graph.rank or 0, [])
+        elif node.op in ("view", "permute") and (graph.name, node.inputs[0]) in self._relayouts:
+            exchange, receiver, after = self._relayouts[(graph.name, node.inputs[0])]
+            if len(after) >= 6:
+                return
+            state = (exchange, receiver, [*after, node])
+        else:
+            return
+        self._relayouts[key] = state
+        for pieces, dim in fold(*state):
+            self._union_concatenation(name, state[0], pieces, dim)
+
+    def _union_concatenation(self, name: str, exchange: Exchange, pieces: list[Piece], dim: int) -> None:
+        terms, metas = [], []
+        for piece in pieces:
+            source_graph = exchange.graphs[piece.rank]
+            source, meta = self.term(source_graph, piece.value), source_graph.meta_of(piece.value)
+            if piece.whole:
+                terms.append(source)
+                metas.append(meta)
+                continue
+            shape = list(meta.shape)
+            shape[len(shape) + piece.dim] = piece.end - piece.start
+            block = TensorMeta(tuple(shape), meta.dtype)
+            term = self.let(self._fresh("a2a"), f"(Slice {source} {piece.dim} {piece.start} {piece.end})", block)
+            self.commands.append(f"(a2a-piece {term})")
+            terms.append(term)
+            metas.append(block)
+        self.commands.append(f"(union {name} {self._inline_cat(terms, metas, dim)})")
 
     def finish(self) -> EncodedUnit:
         from .rules import casts_are_linear
@@ -728,6 +772,7 @@ def _encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
                 else:
                     encoder.node_term(graph, node, name)
                 encoder.bind(graph, node.id, name)
+                encoder.relayout(graph, node, name)
                 positions[graph.name] += 1
                 progressed = True
         if all(positions[g.name] >= len(g.nodes) for g in graphs):

@@ -18,6 +18,10 @@ Relations (Datalog facts, all existence-guarded by the rules that derive them):
   (localids l ids s e)   l == where(m, 0, ids - s) for such an m
   (embpart y0 Y m s e)   y0 == embedding of the ids in [s, e) of Y, garbage where m is set
   (arin x)               x feeds an all-reduce (sum, max or min)
+  (a2a-piece x)          x is a block an all-to-all or all-gather moves (a slice of a rank's value)
+
+`(Along f X d a)` is op f (with literal arguments a) applied to every 1-d fiber of X along d on
+its own, e.g. topk or cumsum along d.
 
 `(Pick X I d)` is X.gather(d, I.unsqueeze(d)).squeeze(d): row by row, the entry I names along d
 (a target's logit).
@@ -51,6 +55,7 @@ DECLARATIONS = r"""
     (Fill T T String)
     (Red String T i64 i64)
     (Softmax T i64)
+    (Along String T i64 String)
     (LogSoftmax T i64)
     (Linear T T)
     (Matmul T T)
@@ -90,6 +95,7 @@ DECLARATIONS = r"""
 (relation pmax (T T i64 i64 i64))
 (relation frac (T T i64 i64))
 (relation arin (T))
+(relation a2a-piece (T))
 (relation cover (T TSet i64 i64))
 (relation maxcover (T TSet i64 i64))
 (relation outside (T T i64 i64))

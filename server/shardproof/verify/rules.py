@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "6"
+RULE_LIBRARY_VERSION = "7"
 
 
 @dataclass(frozen=True)
@@ -254,6 +254,13 @@ _rule(
     "(rule ((sel X x d R) (= Y (Slice X d2 a b)) (= y (Slice x d2 a b)) (!= d d2)) ((sel Y y d R)))",
 )
 _rule(
+    "slice-other-dim-of-reference",
+    "slicing",
+    "slicing another dim of a selection selects the same ranges of the reference's slice (which "
+    "the reference need not compute: an all-to-all sends blocks of another dim)",
+    "(rule ((sel X x d R) (= y (Slice x d2 a b)) (!= d d2) (a2a-piece y)) ((sel (Slice X d2 a b) y d R)))",
+)
+_rule(
     "concat-of-selections",
     "concat",
     "concatenating selections of one value concatenates their ranges",
@@ -467,6 +474,12 @@ _rule(
     "(rule ((= Y (Softmax X d)) (= y (Softmax x d)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
 )
 _rule(
+    "along-other-dim",
+    "attention",
+    "an op on each fiber along d (topk, cumsum) keeps a selection of another dim",
+    "(rule ((= Y (Along f X d a)) (= y (Along f x d a)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
+)
+_rule(
     "log-softmax-other-dim",
     "attention",
     "log_softmax over another dim keeps a selection",
@@ -672,6 +685,24 @@ _rule(
     "partial",
     "multiplying contributions by a common value is linear",
     "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (psum A a s e K) (multiplicative f)) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-matmul-replicated",
+    "partial",
+    "a matrix product is linear in its left operand",
+    "(rule ((= Y (Matmul A B)) (= y (Matmul a B)) (psum A a s e K)) ((psum Y y s e K)))",
+)
+_rule(
+    "replicated-matmul-partial",
+    "partial",
+    "a matrix product is linear in its right operand",
+    "(rule ((= Y (Matmul B A)) (= y (Matmul B a)) (psum A a s e K)) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-linear-replicated",
+    "partial",
+    "a linear map is linear in its input",
+    "(rule ((= Y (Linear A W)) (= y (Linear a W)) (psum A a s e K)) ((psum Y y s e K)))",
 )
 _rule(
     "replicated-times-partial",

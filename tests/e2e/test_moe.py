@@ -1,0 +1,84 @@
+"""Mixture of experts (examples/moe): expert parallelism with all-to-all dispatch and combine
+over unevenly divided experts, and tensor-parallel experts with a shared expert reduced together
+with the routed output, are verified; routing weights paired with the wrong slots, a shared
+expert reduced twice and combine split sizes swapped are found at their lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardproof.config import load_project
+from shardproof.pipeline import verify_check
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "moe"
+
+
+def _bug_variants():
+    spec = importlib.util.spec_from_file_location("moe_bug_variants", EXAMPLE / "bug_variants.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bug_variants = _bug_variants()
+
+
+@pytest.mark.parametrize("name", ["moe-ep", "moe-tp"])
+def test_moe_is_verified_at_2_and_4_ranks(name: str, sandbox) -> None:
+    project = load_project(EXAMPLE)
+    result = verify_check(project.check(name), project, [2, 4], sandbox)
+    assert result.error is None
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
+        r.summary for r in result.results
+    ]
+    assert all(o.relation == "replicated" for r in result.results for o in r.outputs)
+
+
+@pytest.fixture(scope="module")
+def variant_projects(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("moe-variants")
+    return {v.name: bug_variants.materialize(v, root / v.name) for v in bug_variants.VARIANTS}
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "world_size"),
+    [
+        ("weights-paired-with-wrong-experts", "wrong-layout", 2),
+        ("weights-paired-with-wrong-experts", "wrong-layout", 4),
+        ("shared-expert-reduced-twice", "duplicate-reduction", 2),
+        ("shared-expert-reduced-twice", "duplicate-reduction", 4),
+        ("combine-splits-swapped", "collective-mismatch", 4),
+    ],
+)
+def test_moe_mistake_is_reported_at_its_line(
+    name: str, kind: str | None, world_size: int, variant_projects: dict[str, Path], sandbox
+) -> None:
+    bug = bug_variants.variant(name)
+    root = variant_projects[name]
+    project = load_project(root)
+    (outcome,) = verify_check(project.check(bug.check), project, [world_size], sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    finding = outcome.discrepancies[0]
+    if kind is not None:
+        assert finding.kind == kind, finding.message
+    assert finding.primary is not None, finding.message
+    assert finding.primary.file.endswith(bug_variants.PARALLEL)
+    assert finding.primary.line == bug.line_number(root), finding.message
+    if name == "combine-splits-swapped":
+        assert "input_split_sizes [2, 2, 1, 1] add up to 6 rows but the input has 8" in finding.message
+
+
+def test_swapped_splits_are_harmless_when_every_rank_holds_as_many_experts(variant_projects, sandbox) -> None:
+    """6 experts over 2 ranks: both split lists are [3, 3], so the swapped call is the same call."""
+    root = variant_projects["combine-splits-swapped"]
+    project = load_project(root)
+    (outcome,) = verify_check(project.check("moe-ep"), project, [2], sandbox).results
+    assert outcome.verdict == "verified", outcome.summary
