@@ -85,6 +85,14 @@ def user_code_error(exc: BaseException, stage: str) -> UserCodeError:
     if isinstance(exc, CollectiveMisuse):
         return CollectiveCallError(f"{stage}: {_first_line(exc)}", site, detail)
     message = f"{stage}: {type(exc).__name__}: {_first_line(exc)}"
+    if "DataDependent" in type(exc).__name__:
+        # torch's GuardOnDataDependentSymNode / DataDependentOutputException: a size (or a Python
+        # value) read from tensor data, which a static capture does not have
+        message = (
+            f"{stage}: this line needs a value that depends on the data (a data-dependent size: token "
+            f"counts as split sizes, nonzero, boolean-mask indexing, .item() / .tolist()); shardproof "
+            f"captures with static shapes only: use a fixed capacity ({type(exc).__name__})"
+        )
     return UserCodeError(message, site, detail)
 
 

@@ -82,3 +82,24 @@ def test_swapped_splits_are_harmless_when_every_rank_holds_as_many_experts(varia
     project = load_project(root)
     (outcome,) = verify_check(project.check("moe-ep"), project, [2], sandbox).results
     assert outcome.verdict == "verified", outcome.summary
+
+
+def test_data_dependent_dispatch_is_an_error_at_its_line(tmp_path: Path, sandbox) -> None:
+    """Dropless routing (token counts as sizes) cannot be captured with static shapes: an error at
+    the line that reads the counts, never a verdict."""
+    import shutil
+
+    root = tmp_path / "dropless"
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("__pycache__", "bug_variants.py"))
+    parallel = root / bug_variants.PARALLEL
+    original = "received = all_to_all(expert_in, send=self.per_rank, receive=[self.n_local] * ranks)"
+    counted = "kept = [int(n) for n in slots.sum(dim=(0, 1, 2, 4)).long().tolist()]"
+    text = parallel.read_text()
+    assert original in text
+    parallel.write_text(text.replace(original, counted + "\n        " + original))
+    line = 1 + parallel.read_text().splitlines().index("        " + counted)
+    project = load_project(root)
+    (outcome,) = verify_check(project.check("moe-ep"), project, [2], sandbox).results
+    assert outcome.verdict == "error", outcome.summary
+    assert "depends on the data" in outcome.error["message"]
+    assert outcome.error["site"]["line"] == line

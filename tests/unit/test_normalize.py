@@ -42,3 +42,33 @@ def test_cross_entropy_is_written_out_over_the_unflattened_tokens() -> None:
     assert [(p.attrs["dim"], p.meta.shape) for p in picks] == [(-1, (2, 3))]
     # the per-token loss flattened to [6], then summed
     assert [(n.op, n.meta.shape) for n in graph.nodes[-2:]] == [("view", (6,)), ("reduce", ())]
+
+
+def test_einsum_is_written_as_the_permutes_views_and_matmul_it_computes() -> None:
+    graph = _graph(lambda a, b: torch.einsum("gtec,gtm->egcm", a, b), (2, 5, 3, 4), (2, 5, 6))
+    ops = [n.op for n in graph.nodes]
+    assert "generic" not in ops and ops.count("matmul") == 1
+    (product,) = [n for n in graph.nodes if n.op == "matmul"]
+    assert product.meta.shape == (2, 12, 6)  # batch g, free e*c, free m; t contracted
+    assert graph.nodes[-1].meta.shape == (3, 2, 4, 6)
+
+
+def test_einsum_contracting_two_letters_merges_them() -> None:
+    graph = _graph(lambda a, b: torch.einsum("gtec,egcm->gtm", a, b), (2, 5, 3, 4), (3, 2, 4, 6))
+    (product,) = [n for n in graph.nodes if n.op == "matmul"]
+    assert product.meta.shape == (2, 5, 6)
+    assert "generic" not in [n.op for n in graph.nodes]
+
+
+def test_routing_ops_are_in_the_vocabulary() -> None:
+    def route(probs):
+        weights, chosen = probs.topk(2, dim=-1)
+        slot = torch.nn.functional.one_hot(chosen, 4).cumsum(dim=1).clamp(0, 3)
+        return weights, slot
+
+    graph = _graph(route, (2, 5, 4))
+    along = [(n.attrs["fn"], n.attrs["dim"], n.attrs["index"]) for n in graph.nodes if n.op == "along"]
+    assert along == [("topk", -1, 0), ("topk", -1, 1), ("cumsum", -3, 0)]
+    assert [n.attrs["fn"] for n in graph.nodes if n.op == "scalar"] == ["maximum", "minimum"]
+    assert any(n.op == "binary" and n.attrs["fn"] == "eq" for n in graph.nodes)  # one_hot: ids == arange
+    assert "generic" not in [n.op for n in graph.nodes]
