@@ -83,7 +83,7 @@ def user_code_error(exc: BaseException, stage: str) -> UserCodeError:
             )
     detail = "".join(traceback.format_exception(exc)).strip()
     if isinstance(exc, CollectiveMisuse):
-        return CollectiveCallError(f"{stage}: {_first_line(exc)}", site, detail)
+        return CollectiveCallError(_first_line(exc), site, detail)  # the message names the rank
     message = f"{stage}: {type(exc).__name__}: {_first_line(exc)}"
     if "DataDependent" in type(exc).__name__:
         # torch's GuardOnDataDependentSymNode / DataDependentOutputException: a size (or a Python

@@ -143,17 +143,16 @@ def _verify_world_size(
 def _collective_call_discrepancy(exc: CollectiveCallError, world_size: int, seconds: float) -> WorldSizeResult:
     """A collective call every real run rejects, as a discrepancy at the call."""
     primary = to_site(exc.site)
-    message = exc.message.split(": ", 1)[-1] if exc.message.startswith("tracing ") else exc.message
     finding = Discrepancy(
         "collective-mismatch",
-        message,
+        exc.message,
         primary,
         suggestion="make every rank's split sizes pair up: what rank i sends to rank j is what rank j receives "
         "from rank i (the combine of a dispatch swaps them)",
         witness={"status": "unconfirmed", "reason": "the call fails before any output exists"},
     )
     return WorldSizeResult(
-        world_size, "discrepancy", summary=message, discrepancies=[finding], seconds={"capture": seconds}
+        world_size, "discrepancy", summary=exc.message, discrepancies=[finding], seconds={"capture": seconds}
     )
 
 

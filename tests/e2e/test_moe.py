@@ -5,11 +5,10 @@ expert reduced twice and combine split sizes swapped are found at their lines.""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from example_scripts import load_script
 
 from shardproof.config import load_project
 from shardproof.pipeline import verify_check
@@ -19,16 +18,7 @@ pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "moe"
 
 
-def _bug_variants():
-    spec = importlib.util.spec_from_file_location("moe_bug_variants", EXAMPLE / "bug_variants.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bug_variants = _bug_variants()
+bug_variants = load_script(EXAMPLE / "bug_variants.py", "moe_bug_variants")
 
 
 @pytest.mark.parametrize("name", ["moe-ep", "moe-tp"])

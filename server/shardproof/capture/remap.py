@@ -121,8 +121,8 @@ def _checked_all_to_all_single(remapped: Callable[..., Any]) -> Callable[..., An
             if splits:
                 if len(splits) != world_size:
                     raise CollectiveMisuse(
-                        f"all_to_all_single: {role}_split_sizes {list(splits)} has {len(splits)} entries for a "
-                        f"group of {world_size} ranks"
+                        f"all_to_all_single on rank {dist.get_rank()}: {role}_split_sizes {list(splits)} has "
+                        f"{len(splits)} entries for a group of {world_size} ranks"
                     )
                 if sum(splits) != rows:
                     other = "output" if role == "input" else "input"
@@ -133,8 +133,8 @@ def _checked_all_to_all_single(remapped: Callable[..., Any]) -> Callable[..., An
                     )
             elif rows % world_size:
                 raise CollectiveMisuse(
-                    f"all_to_all_single without {role}_split_sizes: the {role}'s {rows} rows do not divide among "
-                    f"{world_size} ranks"
+                    f"all_to_all_single on rank {dist.get_rank()} without {role}_split_sizes: the {role}'s {rows} "
+                    f"rows do not divide among {world_size} ranks"
                 )
         return remapped(output, input, output_split_sizes, input_split_sizes, group, async_op=async_op)
 

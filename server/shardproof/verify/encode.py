@@ -19,7 +19,7 @@ from typing import Any
 
 from ..graph.model import Collective, Graph, Node, TensorMeta
 from ..relations import expr as px
-from .relayout import Exchange, Piece, fold
+from .relayout import Exchange, Piece, fold, rows_sent
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -338,8 +338,6 @@ class Encoder:
         graphs: dict[int, Graph],
     ) -> str:
         assert coll is not None
-        if coll.kind in ("all_to_all", "all_gather"):
-            self.exchanges[(graphs[rank].name, calls[rank].id)] = Exchange(coll.kind, group, calls, graphs)
         inputs = [self.term(graphs[r], calls[r].inputs[0]) for r in group]
         metas = [graphs[r].meta_of(calls[r].inputs[0]) for r in group]
         out_meta = calls[rank].meta
@@ -399,21 +397,13 @@ class Encoder:
             coll = calls[sender].collective
             assert coll is not None
             meta = metas[sender_index]
-            splits = coll.input_splits or tuple([meta.shape[0] // n] * n)
-            start = sum(splits[:receiver])
-            end = start + splits[receiver]
+            start, end = rows_sent(coll, meta.shape[0], n, receiver)
             nd = len(meta.shape)
             shape = (end - start, *meta.shape[1:])
             if start == 0 and end == meta.shape[0]:
                 pieces.append(inputs[sender_index])
             else:
-                piece = self.let(
-                    self._fresh("a2a"),
-                    f"(Slice {inputs[sender_index]} {-nd} {start} {end})",
-                    TensorMeta(shape, meta.dtype),
-                )
-                self.commands.append(f"(a2a-piece {piece})")
-                pieces.append(piece)
+                pieces.append(self._moved_block(inputs[sender_index], -nd, start, end, TensorMeta(shape, meta.dtype)))
             piece_metas.append(TensorMeta(shape, meta.dtype))
         return self._inline_cat(pieces, piece_metas, -len(metas[0].shape))
 
@@ -446,11 +436,15 @@ class Encoder:
             shape = list(meta.shape)
             shape[len(shape) + piece.dim] = piece.end - piece.start
             block = TensorMeta(tuple(shape), meta.dtype)
-            term = self.let(self._fresh("a2a"), f"(Slice {source} {piece.dim} {piece.start} {piece.end})", block)
-            self.commands.append(f"(a2a-piece {term})")
-            terms.append(term)
+            terms.append(self._moved_block(source, piece.dim, piece.start, piece.end, block))
             metas.append(block)
         self.commands.append(f"(union {name} {self._inline_cat(terms, metas, dim)})")
+
+    def _moved_block(self, source: str, dim: int, start: int, end: int, meta: TensorMeta) -> str:
+        """A slice of a rank's value that an exchange moves (the `a2a-piece` rules may relate it)."""
+        term = self.let(self._fresh("a2a"), f"(Slice {source} {dim} {start} {end})", meta)
+        self.commands.append(f"(a2a-piece {term})")
+        return term
 
     def finish(self) -> EncodedUnit:
         from .rules import casts_are_linear
@@ -813,6 +807,10 @@ def _lower_ready(encoder: Encoder, graphs: list[Graph], exclude: set[tuple[str, 
                 for r, n in calls.items():
                     result[(by_rank[r].name, n.id)] = f"(Leaf {_q(by_rank[r].name + '/' + n.id)})"
                 continue
+            kind = next(iter(calls.values())).collective.kind  # type: ignore[union-attr]
+            exchange = Exchange(kind, group, calls, by_rank) if kind in ("all_to_all", "all_gather") else None
             for r, n in calls.items():
+                if exchange is not None:
+                    encoder.exchanges[(by_rank[r].name, n.id)] = exchange
                 result[(by_rank[r].name, n.id)] = encoder._lower(n.collective, group, r, calls, by_rank)
     return result

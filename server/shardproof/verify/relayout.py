@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
-from ..graph.model import Graph, Node
+from ..graph.model import Collective, Graph, Node
 
 _LAYOUT_OPS = ("view", "permute")
 _MAX_ELEMENTS = 1 << 22  # larger exchanges keep the call-by-call lowering
@@ -33,6 +34,16 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class Source:
+    """A value an exchanged tensor is a view / permute of, and the layout nodes from it to the
+    exchanged tensor (in order)."""
+
+    value: str
+    shape: tuple[int, ...]
+    steps: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
 class Exchange:
     """One matched all-to-all / all-gather call: every member's call node and graph."""
 
@@ -41,19 +52,34 @@ class Exchange:
     calls: dict[int, Node]
     graphs: dict[int, Graph]
 
+    @cached_property
+    def sources(self) -> dict[int, list[Source]]:
+        """Per member, its exchanged input and each value that is a view / permute of, nearest
+        first (the same for every receiver and every layout step after the exchange)."""
+        found: dict[int, list[Source]] = {}
+        for r in self.group:
+            graph = self.graphs[r]
+            nodes = graph.node_map()
+            value = self.calls[r].inputs[0]
+            steps: tuple[Node, ...] = ()
+            found[r] = [Source(value, graph.meta_of(value).shape, steps)]
+            node = nodes.get(value)
+            while node is not None and node.op in _LAYOUT_OPS and len(found[r]) < 8:
+                steps = (node, *steps)
+                value = node.inputs[0]
+                found[r].append(Source(value, graph.meta_of(value).shape, steps))
+                node = nodes.get(value)
+        return found
 
-def source_chain(graph: Graph, value_id: str) -> list[str]:
-    """value_id, then each value it is a view / permute of, nearest first."""
-    nodes = graph.node_map()
-    chain = [value_id]
-    node = nodes.get(value_id)
-    while node is not None and node.op in _LAYOUT_OPS and len(chain) < 8:
-        chain.append(node.inputs[0])
-        node = nodes.get(node.inputs[0])
-    return chain
+
+def rows_sent(coll: Collective, rows: int, members: int, receiver_index: int) -> tuple[int, int]:
+    """[start, end) of the rows of a member's all-to-all input that go to the receiver."""
+    splits = coll.input_splits or tuple([rows // members] * members)
+    start = sum(splits[:receiver_index])
+    return start, start + splits[receiver_index]
 
 
-def _apply(values, nodes: list[Node]):  # type: ignore[no-untyped-def]
+def _apply(values, nodes: tuple[Node, ...] | list[Node]):  # type: ignore[no-untyped-def]
     for node in nodes:
         values = values.reshape(node.meta.shape) if node.op == "view" else values.permute(*node.attrs["perm"])
     return values
@@ -65,31 +91,26 @@ def fold(exchange: Exchange, receiver: int, after: list[Node]) -> list[tuple[lis
     exchanged ones are views / permutes of, at any depth). Size-1 dims can make several true."""
     import torch
 
-    graphs, calls = exchange.graphs, exchange.calls
-    chains = {r: source_chain(graphs[r], calls[r].inputs[0]) for r in exchange.group}
-    depth = max(len(chain) for chain in chains.values())
+    depth = max(len(chain) for chain in exchange.sources.values())
     readings: list[tuple[list[Piece], int]] = []
     for level in range(depth):
-        sources = {r: chain[min(level, len(chain) - 1)] for r, chain in chains.items()}
-        for reading in _fold_from(exchange, receiver, after, sources, chains, torch):
+        sources = {r: chain[min(level, len(chain) - 1)] for r, chain in exchange.sources.items()}
+        for reading in _fold_from(exchange, receiver, after, sources, torch):
             if reading not in readings:
                 readings.append(reading)
     return readings
 
 
-def _fold_from(exchange, receiver, after, sources, chains, torch):  # type: ignore[no-untyped-def]
-    graphs, calls, group = exchange.graphs, exchange.calls, exchange.group
-    shapes = {r: graphs[r].meta_of(sources[r]).shape for r in group}
+def _fold_from(exchange, receiver, after, sources, torch):  # type: ignore[no-untyped-def]
+    calls, group = exchange.calls, exchange.group
+    shapes = {r: sources[r].shape for r in group}
     if any(math.prod(shape) > _MAX_ELEMENTS for shape in shapes.values()):
         return []
     base = max(math.prod(shape) for shape in shapes.values()) + 1
     sent = {}
     for index, r in enumerate(group):
-        nodes = graphs[r].node_map()
-        chain = chains[r]
-        steps = [nodes[v] for v in reversed(chain[: chain.index(sources[r])])]
         tagged = torch.arange(math.prod(shapes[r]), dtype=torch.int64).reshape(shapes[r]) + index * base
-        sent[r] = _apply(tagged, steps)
+        sent[r] = _apply(tagged, sources[r].steps)
     if exchange.kind == "all_gather":
         received = torch.cat([sent[r] for r in group], dim=0)
     else:
@@ -98,17 +119,15 @@ def _fold_from(exchange, receiver, after, sources, chains, torch):  # type: igno
         for r in group:
             coll = calls[r].collective
             assert coll is not None
-            rows = sent[r].shape[0]
-            splits = coll.input_splits or tuple([rows // len(group)] * len(group))
-            start = sum(splits[:me])
-            parts.append(sent[r][start : start + splits[me]])
+            start, end = rows_sent(coll, sent[r].shape[0], len(group), me)
+            parts.append(sent[r][start:end])
         received = torch.cat(parts, dim=0)
     if math.prod(received.shape) != math.prod(calls[receiver].meta.shape):
         return []
     result = _apply(received.reshape(calls[receiver].meta.shape), after)
     readings = []
     for dim in range(result.dim()):
-        pieces = _pieces_along(result, dim, group, sources, shapes, base, torch)
+        pieces = _pieces_along(result, dim, group, {r: sources[r].value for r in group}, shapes, base, torch)
         if pieces is not None:
             readings.append((pieces, dim - result.dim()))
     return readings
