@@ -89,9 +89,11 @@ def fold(exchange: Exchange, receiver: int, after: list[Node]) -> list[tuple[lis
     """Every reading of the receiver's value after the exchange and the layout nodes `after` (in
     order) as a concatenation, along one dim, of blocks of the members' sources (the values the
     exchanged ones are views / permutes of, at any depth). Size-1 dims can make several true."""
+    depth = max(len(chain) for chain in exchange.sources.values())
+    if depth == 1 and not after:
+        return []  # no layout on either side: the call-by-call lowering says it all
     import torch
 
-    depth = max(len(chain) for chain in exchange.sources.values())
     readings: list[tuple[list[Piece], int]] = []
     for level in range(depth):
         sources = {r: chain[min(level, len(chain) - 1)] for r, chain in exchange.sources.items()}
