@@ -72,6 +72,28 @@ VARIANTS: tuple[GradientBug, ...] = (
         "return GatherFromTensorParallel.apply(self.head(x))",
         "grad_example/parallel.py",
     ),
+    GradientBug(
+        "gradients-summed-not-averaged",
+        "the data-parallel gradients are all-reduced but not divided by the number of ranks "
+        "(each rank's loss is already the mean over its own items)",
+        "grads-dp",
+        "grad_example/parallel.py",
+        "parameter.grad.div_(world_size)",
+        "pass",
+        "dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)",
+        "grad_example/parallel.py",
+    ),
+    GradientBug(
+        "micro-batch-means-summed",
+        "each micro-batch's loss is its own mean and the accumulated gradients add the means up, "
+        "instead of dividing each micro-batch's sum by the number of items in the step",
+        "grads-accum",
+        "grad_example/parallel.py",
+        "loss = (logits - micro_targets).pow(2).sum() / items",
+        "loss = (logits - micro_targets).pow(2).mean()",
+        "loss = (logits - micro_targets).pow(2).sum() / items",
+        "grad_example/parallel.py",
+    ),
 )
 
 

@@ -255,6 +255,7 @@ def verify_world_size(
         index,
         unit.issues,
         outputs_of=[len(ranks) - 1] if check.outputs == "last-rank" else None,
+        factors=unit.factors,
     )
     finding = explain(evidence, failing)
     if isinstance(finding, Discrepancy):

@@ -23,6 +23,7 @@ DISCREPANCY_KINDS = {
     "collective-mismatch": "ranks disagree on their collective calls",
     "wrong-handover": "a pipeline stage hands the next stage less than it needs to continue",
     "missing-gradient": "a rank computes no gradient for a parameter the reference trains",
+    "scaled-gradient": "a gradient is the reference's times a constant (averaged with the wrong count)",
     "not-equivalent": "a value matches nothing the reference computes",
 }
 

@@ -1,7 +1,9 @@
-"""Gradients (examples/gradients): the parameter gradients of tensor- and sequence-parallel
-training steps, captured forward and backward together, are verified against the reference's;
-a missing all-reduce in a custom backward, a norm gradient left out of the sequence-parallel
-all-reduce and a detach that stops the gradients are found at their lines."""
+"""Gradients (examples/gradients): the parameter gradients of tensor-, sequence- and
+data-parallel training steps (with gradient accumulation too), captured forward and backward
+together, are verified against the reference's; a missing all-reduce in a custom backward, a norm
+gradient left out of the sequence-parallel all-reduce, a detach that stops the gradients,
+data-parallel gradients summed instead of averaged and micro-batch means added up are found at
+their lines."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gradients"
 bug_variants = load_script(EXAMPLE / "bug_variants.py", "gradient_bug_variants")
 
 
-@pytest.mark.parametrize("name", ["grads-tp", "grads-sp"])
+@pytest.mark.parametrize("name", ["grads-tp", "grads-sp", "grads-dp", "grads-accum"])
 def test_every_gradient_is_verified_at_2_and_4_ranks(name: str, sandbox) -> None:
     project = load_project(EXAMPLE)
     result = verify_check(project.check(name), project, [2, 4], sandbox)
@@ -49,6 +51,9 @@ def test_every_gradient_is_verified_at_2_and_4_ranks(name: str, sandbox) -> None
         }
         assert all(o.relation == "gradient" for o in gradients)
         up = next(o for o in gradients if "layers.0.up.weight" in o.description)
+        if name in ("grads-dp", "grads-accum"):  # replicated parameters: every rank the whole gradient
+            assert "every rank holds the full reference gradient" in up.description, up.description
+            continue
         blocks = ", ".join(
             f"[{r * 32 // outcome.world_size}:{(r + 1) * 32 // outcome.world_size}]" for r in range(outcome.world_size)
         )
@@ -70,6 +75,10 @@ def variant_projects(tmp_path_factory) -> dict[str, Path]:
         ("final-norm-gradient-not-reduced", "missing-reduction", 4),
         ("frozen-head-stops-gradients", "missing-gradient", 2),
         ("frozen-head-stops-gradients", "missing-gradient", 4),
+        ("gradients-summed-not-averaged", "scaled-gradient", 2),
+        ("gradients-summed-not-averaged", "scaled-gradient", 4),
+        ("micro-batch-means-summed", "scaled-gradient", 2),
+        ("micro-batch-means-summed", "scaled-gradient", 4),
     ],
 )
 def test_gradient_mistake_is_reported_at_its_line(
@@ -90,6 +99,12 @@ def test_gradient_mistake_is_reported_at_its_line(
         assert "all-reduce this gradient" in finding.suggestion
     if name == "frozen-head-stops-gradients":
         assert "computes no gradient" in finding.message and finding.ranks == list(range(world_size))
-    if finding.witness is not None and name != "partial-input-gradient":
+    if name == "gradients-summed-not-averaged":
+        assert f"is {world_size} × the reference's" in finding.message, finding.message
+        assert "summed where they should be averaged" in finding.message
+    if name == "micro-batch-means-summed":
+        # two micro-batches per rank: each mean is twice the rank's share of the step's mean
+        assert "is 2 × the reference's" in finding.message and "micro-batch" in finding.message, finding.message
+    if finding.witness is not None and name in ("final-norm-gradient-not-reduced", "frozen-head-stops-gradients"):
         assert finding.witness["status"] == "unconfirmed"
         assert "forward passes only" in finding.witness["reason"]

@@ -19,7 +19,7 @@ class Config:
     dim: int = 16
     ffn_dim: int = 32
     n_layers: int = 2
-    batch: int = 4
+    batch: int = 8  # two micro-batches per rank at 4 data-parallel ranks
     seq_len: int = 8
 
 

@@ -1,4 +1,4 @@
-"""Tensor- and sequence-parallel versions of the example model, written the Megatron way.
+"""Tensor-, sequence- and data-parallel versions of the example model, written the Megatron way.
 
 Collectives sit in autograd functions whose backward is the collective's transpose: copying an
 activation into the tensor-parallel region all-reduces its gradient, reducing out of it passes
@@ -6,9 +6,16 @@ the gradient through; a sequence gather reduce-scatters the gradient and the oth
 With sequence parallelism each rank normalises its own tokens, so the norm weights' gradients
 are partial sums until `finish_gradients` all-reduces them (Megatron's
 `_allreduce_layernorm_grads`).
+
+Data parallelism replicates the model and gives every rank its block of the batch: each rank's
+loss is the mean over its own items, and the gradients are averaged over the ranks after backward
+(DDP). With gradient accumulation a rank runs its block as micro-batches, each loss the sum over
+the micro-batch divided by the rank's item count, so the accumulated gradient is the rank's mean.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.distributed as dist
@@ -210,3 +217,54 @@ def sequence_parallel_step(model: WithLoss, tokens: torch.Tensor, targets: torch
     loss.backward()
     finish_gradients(model)
     return loss.detach()
+
+
+def parallelize_dp(reference: WithLoss, rank: int, world_size: int) -> WithLoss:
+    """Data parallelism: every rank holds the whole model."""
+    return copy.deepcopy(reference)
+
+
+def _own_examples(*batch: torch.Tensor) -> list[torch.Tensor]:
+    """This rank's block of every batch tensor (the batch is dim 0)."""
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    return [x.chunk(world_size)[rank] for x in batch]
+
+
+def average_gradients(model: nn.Module) -> None:
+    """The mean over the ranks of every gradient (each rank's is the gradient of its own mean loss)."""
+    world_size = dist.get_world_size()
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+            parameter.grad.div_(world_size)
+
+
+def data_parallel_step(model: WithLoss, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    tokens, targets = _own_examples(tokens, targets)
+    loss = model(tokens, targets)
+    loss.backward()
+    average_gradients(model)
+    loss = loss.detach()
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    return loss
+
+
+MICRO_BATCHES = 2
+
+
+def accumulation_step(model: WithLoss, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Gradient accumulation: the rank's block in micro-batches, one backward each."""
+    tokens, targets = _own_examples(tokens, targets)
+    items = targets.numel()
+    losses = []
+    for micro_tokens, micro_targets in zip(tokens.chunk(MICRO_BATCHES), targets.chunk(MICRO_BATCHES), strict=True):
+        logits = model.model(micro_tokens)
+        loss = (logits - micro_targets).pow(2).sum() / items
+        loss.backward()
+        losses.append(loss.detach())
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad, op=dist.ReduceOp.AVG)
+    loss = sum(losses)
+    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
+    return loss

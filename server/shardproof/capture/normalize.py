@@ -174,6 +174,7 @@ _DETERMINISTIC_FACTORIES = {
     "full_like",
     "tensor",
 }
+_SHAPED_LIKE_FACTORIES = {"zeros_like", "ones_like", "full_like"}
 _UNINITIALISED_FACTORIES = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
 
@@ -240,6 +241,7 @@ class _Builder:
         self.metas: dict[str, TensorMeta] = {}
         self.multi: dict[str, list[str | None]] = {}  # multi-output node -> ids of its outputs
         self.view_nodes: dict[str, str] = {}  # id of a node made by view() -> its source
+        self.permute_nodes: dict[str, tuple[str, list[int]]] = {}  # id of a permute -> (source, perm)
         self.picks_viewed: set[str] = set()  # views of picks to the shape of a gather (see view())
         self.sends: set[str] = set()  # p2p sends (their tokens are not the program's outputs)
         self.nodes_by_id: dict[str, Node] = {}
@@ -375,6 +377,15 @@ class _Builder:
         if name in _DETERMINISTIC_FACTORIES and not any(isinstance(a, torch.fx.Node) for a in args):
             digest = hashlib.sha256(repr((name, _literal(args), _literal(kwargs), meta)).encode()).hexdigest()[:20]
             self.add(fx, "constant", [], {"digest": digest, "description": f"{name}{_literal(args)}"}, meta)
+            return
+        if name in _SHAPED_LIKE_FACTORIES and all(not isinstance(a, torch.fx.Node) for a in args[1:]):
+            # ones_like(x) reads only x's shape and dtype: the same constant wherever the shape is
+            # the same (a backward seed, `ones_like(loss)`, on every rank, whatever the loss)
+            rest = (_literal(args[1:]), _literal(kwargs), meta)
+            digest = hashlib.sha256(repr((name, *rest)).encode()).hexdigest()[:20]
+            # (`like` names the value whose shape it takes: a seed's loss, for the localizer)
+            attrs = {"digest": digest, "description": f"{name}{_literal(args[1:])}", "like": self.value(args[0])}
+            self.add(fx, "constant", [], attrs, meta)
             return
         if name in _UNINITIALISED_FACTORIES:
             self.add(fx, "uninitialized", [], {}, meta)
@@ -619,7 +630,9 @@ class _Builder:
         last step is fx's value (of `meta`'s dtype). The mean of every element is the mean of the
         flattened value (a loss averaged over tokens, whatever the shape they come in)."""
         src_meta = self.meta(source)
-        if fn == "mean" and len(dims) == src_meta.ndim > 1 and not keepdim:
+        # (in a joint graph a sum of every element too: a loss summed over a micro-batch and
+        # divided by the step's item count is then the same reduction as the reference's mean)
+        if (fn == "mean" or (fn == "sum" and self.joint)) and len(dims) == src_meta.ndim > 1 and not keepdim:
             flat = TensorMeta((math.prod(src_meta.shape),), src_meta.dtype)
             source = self.view(fx, source, flat, suffix=".flat")
             src_meta, dims = flat, [-1]
@@ -795,10 +808,17 @@ class _Builder:
         return self._permute(fx, source, [p % nd for p in args[1]], meta)
 
     def _permute(self, fx: torch.fx.Node, source: str, perm: list[int], meta: TensorMeta) -> bool:
+        if self.joint and source in self.permute_nodes:
+            # in a joint graph, a transpose of a transpose (an in-place collective on a weight's
+            # gradient, which autograd keeps as the transpose of a product, once functionalised)
+            # is one permutation of the first one's source, or that source
+            source, inner = self.permute_nodes[source]
+            perm = [inner[p] for p in perm]
         if perm == sorted(perm):
             self.alias[fx.name] = source
         else:
-            self.add(fx, "permute", [source], {"perm": perm}, meta)
+            node_id = self.add(fx, "permute", [source], {"perm": perm}, meta)
+            self.permute_nodes[node_id] = (source, perm)
         return True
 
     def op_expand(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:

@@ -15,6 +15,8 @@ why, using only the proven relations, the rank graphs and the parameter provenan
   shard-order / wrong-layout   outputs or fused pieces in the wrong order or dimension
   unrelated-parameter      a parameter not derived from the reference
   collective-mismatch      ranks disagree on their collective calls
+  scaled-gradient          a gradient is the reference's times a constant (a loss averaged with the
+                           wrong count, gradients summed where they should be averaged)
 
 Unknown ops on sharded inputs make the result inconclusive instead of a discrepancy.
 """
@@ -22,13 +24,14 @@ Unknown ops on sharded inputs make the result inconclusive instead of a discrepa
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any
 
 from ..graph.model import Frame, Graph, Node, Placeholder, SourceSite
 from ..relations import expr as px
 from ..results import Discrepancy, Site, Unsupported
-from ..verify.encode import CollectiveIssue
+from ..verify.encode import SCALED_SUFFIX, CollectiveIssue
 from ..verify.relations_found import Relation, RelationIndex
 from .sites import Line, library_site, line_of, pick_frame, reference_lines, short, to_site
 
@@ -86,6 +89,8 @@ class Evidence:
     index: RelationIndex
     issues: list[CollectiveIssue]
     outputs_of: list[int] | None = None  # the ranks whose outputs are compared (None: every rank)
+    # constant factors the encoder carried outside values of joint graphs: (graph, value) -> factor
+    factors: dict[tuple[str, str], Fraction] = field(default_factory=dict)
 
 
 def _fn(node: Node) -> str | None:
@@ -151,7 +156,7 @@ class Localizer:
     def explain(self, failing_outputs: list[int]) -> Discrepancy | Unsupported:
         if self.ev.issues:
             return self.collective_mismatch(self.ev.issues[0])
-        missing = self.missing_gradient(failing_outputs)
+        missing = self.missing_gradient(failing_outputs) or self.scaled_gradient(failing_outputs)
         if missing is not None:
             return missing
         duplicate = self.duplicate_reduction()
@@ -1487,6 +1492,118 @@ class Localizer:
                 suggestion="let the gradient flow: remove the detach / no_grad on this path, or train the parameter",
             )
         return None
+
+    def factor(self, graph: str, value: str) -> Fraction:
+        return self.ev.factors.get((graph, value), Fraction(1))
+
+    def scaled_gradient(self, failing_outputs: list[int]) -> Discrepancy | None:
+        """A gradient that is the reference's times a constant: the unscaled values agree, the
+        factors carried outside them do not. The loss a rank seeds backward with is checked first:
+        a data-parallel rank's loss over its items should carry the reference's factor times the
+        number of ranks its gradients are averaged over (a local mean, averaged by the all-reduce).
+        A seed off by another factor (micro-batch means summed instead of divided by their number or
+        by the step's item count) is the mistake; otherwise the gradients' reduction is (summed
+        where they should be averaged, or divided twice)."""
+        for index in failing_outputs:
+            parameter = self._gradient_of(index)
+            if parameter is None:
+                continue
+            ref_value = self.reference.outputs[index]
+            ref_class = self.index.class_of("reference", ref_value + SCALED_SUFFIX) or self.index.class_of(
+                "reference", ref_value
+            )
+            for rank, graph in enumerate(self.ev.ranks):
+                if index >= len(graph.outputs):
+                    continue
+                value = graph.outputs[index]
+                own = self.index.class_of(graph.name, value + SCALED_SUFFIX) or self.index.class_of(graph.name, value)
+                if own is None or own != ref_class:
+                    continue
+                ratio = self.factor(graph.name, value) / self.factor("reference", ref_value)
+                if ratio == 1:
+                    continue
+                return self._scaled_gradient_report(index, parameter, rank, value, ratio)
+        return None
+
+    def _scaled_gradient_report(
+        self, index: int, parameter: str, rank: int, value: str, ratio: Fraction
+    ) -> Discrepancy:
+        graph = self.ev.ranks[rank]
+        nodes = self.rank_nodes[rank]
+        reduction = self._reduction_upstream(rank, value)
+        averaged_over = len(reduction.collective.group) if reduction is not None and reduction.collective else 1
+        reference_seed = self._seed_loss(self.reference, self.ref_nodes)
+        expected_seed = self.factor("reference", reference_seed) * averaged_over if reference_seed is not None else None
+        wrong_seed = next(
+            (
+                seed
+                for seed in self._seed_losses(graph, nodes)
+                if expected_seed is not None and self.factor(graph.name, seed) != expected_seed
+            ),
+            None,
+        )
+        times = f"{ratio.numerator}/{ratio.denominator}" if ratio.denominator != 1 else str(ratio.numerator)
+        base = f"rank {rank}'s gradient of `{parameter}` is {times} × the reference's"
+        if wrong_seed is not None:
+            seed_ratio = self.factor(graph.name, wrong_seed) / expected_seed  # type: ignore[operator]
+            by = f"{seed_ratio.numerator}/{seed_ratio.denominator}" if seed_ratio.denominator != 1 else str(seed_ratio)
+            primary = (
+                self.rank_site(nodes[wrong_seed], "the loss backward starts from") if wrong_seed in nodes else None
+            )
+            cause = (
+                f"the loss it runs backward from is {by} × what averaging over its items needs "
+                "(per-micro-batch means added up instead of the total divided by the number of items)"
+            )
+            suggestion = (
+                "divide each micro-batch's summed loss by the number of items in the whole step "
+                "(or its mean by the number of micro-batches)"
+            )
+        else:
+            primary = self.rank_site(reduction, "the gradients are reduced here") if reduction is not None else None
+            cause = "the ranks' gradients are combined with the wrong scale (summed where they should be averaged)"
+            suggestion = (
+                "average the gradients over the data-parallel ranks (divide the all-reduced sum by their number)"
+            )
+        ref_node = self.ref_nodes.get(self.reference.outputs[index])
+        return Discrepancy(
+            kind="scaled-gradient",
+            message=f"{base}: {cause}",
+            primary=primary,
+            reference=self.ref_site(ref_node) if ref_node is not None else None,
+            ranks=list(range(len(self.ev.ranks))),
+            reference_node=self.reference.outputs[index],
+            parallel_nodes=[f"{graph.name}/{value}"],
+            expected=f"the gradient of `{parameter}` as the reference computes it",
+            found=f"{times} × that gradient",
+            suggestion=suggestion,
+        )
+
+    def _reduction_upstream(self, rank: int, value: str, depth: int = 12) -> Node | None:
+        """The all-reduce a gradient output comes from through views, transposes and scalings."""
+        nodes = self.rank_nodes[rank]
+        node = nodes.get(value)
+        for _ in range(depth):
+            if node is None:
+                return None
+            if node.op == "all_reduce":
+                return node
+            if node.op not in ("view", "permute", "scalar") or not node.inputs:
+                return None
+            node = nodes.get(node.inputs[0])
+        return None
+
+    @staticmethod
+    def _seed_losses(graph: Graph, nodes: dict[str, Node]) -> list[str]:
+        """The losses a program runs backward from (what its `ones_like` seeds are shaped like)."""
+        return [
+            n.attrs["like"]
+            for n in graph.nodes
+            if n.op == "constant" and n.original.endswith("ones_like") and n.attrs.get("like") in nodes
+        ]
+
+    def _seed_loss(self, graph: Graph, nodes: dict[str, Node]) -> str | None:
+        seeds = self._seed_losses(graph, nodes)
+        return seeds[0] if seeds else None
 
     def _first_use(self, rank: int, parameter: str) -> Node | None:
         graph = self.ev.ranks[rank]

@@ -37,7 +37,7 @@ TRIALS = 3
 # Relations stating a class of ops (rules.py facts), and relations the encoder states about the
 # graph (how a view, permutation or expansion maps dims; which values feed an all-reduce).
 CLASS_RELATIONS = {"linear-unary", "scaling", "additive", "multiplicative", "additive-reduction"}
-FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "pmap", "emap"}
+FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "pmap", "emap", "ebk"}
 _STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS | {"multiset-of", "multiset-insert"}
 # Casts of every dtype the capture can produce: the encoder declares the ones it sees.
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
@@ -333,6 +333,7 @@ class Instance:
             stated = encode.permute_facts("t", [int(p) for p in made.text.split(",")])
         else:
             stated = encode.expand_facts("t", made.in_shape, made.out_shape)
+            stated += encode.broadcast_facts("t", made.in_shape, made.out_shape)
         unbound = [i for i, f in enumerate(forms[1:]) if isinstance(f, Sym) and f.name not in self.env]
         known = {i: str(self.evaluate(f)) for i, f in enumerate(forms[1:]) if i not in unbound}
         for fact in stated:

@@ -1307,3 +1307,95 @@ instance_and_near_miss("target-whole-range-pick", _whole_classes)
 
 
 instance_and_near_miss("target-whole-range-mask", _whole_classes)
+
+
+# ---------------------------------------------------------------------------------------------
+# data-parallel gradients: a backward seed expanded to a batch block, accumulated micro-batches,
+# the embedding gradient of a block of tokens
+# ---------------------------------------------------------------------------------------------
+def _broadcast_window(g: Gen, longer: bool) -> dict[str, Any]:
+    """One value expanded along a broadcast dim to K and to n < K positions (a near miss: n > K)."""
+    K, m = g.int(3, 6), g.int(2, 4)
+    n = K + g.int(1, 2) if longer else g.int(1, K - 1)
+    return {"X": g.tensor(1, m), "d": -2, "s1": g.text((K, m)), "s2": g.text((n, m))}
+
+
+instance_and_near_miss("expand-broadcast-window", _broadcast_window)
+
+
+def _window_and_selection(g: Gen, outside_window: bool) -> dict[str, Any]:
+    """A window operand (every slice of one group equal) and an operand selected by one range
+    (a near miss selects a range in the next group, where the slices differ)."""
+    d = g.int(-3, -1)
+    if outside_window:
+        m = g.int(2, 4)
+        shape = _shape(g, 3)
+        shape[d] = 2
+        X = g.tensor(*shape).repeat_interleave(m, dim=d)
+        lo = hi = 0
+        n, start = 1, m
+    else:
+        window = _window(g, d)
+        X, lo, hi, n = window["X"], window["lo"], window["hi"], window["n"]
+        start = g.int(lo, hi)
+    return {
+        "A": X,
+        "B": g.tensor(*X.shape),
+        "d": d,
+        "lo": lo,
+        "hi": hi,
+        "n": n,
+        "s": start,
+        "e": start + n,
+        "f": g.pick(("add", "sub", "mul")),
+    }
+
+
+def _selection_and_window(g: Gen, outside_window: bool) -> dict[str, Any]:
+    bindings = _window_and_selection(g, outside_window)
+    return bindings | {"A": bindings["B"], "B": bindings["A"]}
+
+
+instance_and_near_miss("window-meets-selection-left", _window_and_selection)
+instance_and_near_miss("window-meets-selection-right", _selection_and_window)
+
+
+def _adjacent_partials(g: Gen, swapped: bool) -> dict[str, Any]:
+    """This rank's tile [s, f) of K, as the contributions of [s, e) and [e, f)."""
+    shape = tuple(_shape(g, 2))
+    size = g.int(4, 8)
+    measure = g.contributions(shape, size)
+    start, end = g.tile(size)
+    middle = g.int(start, end)
+    first = measure.part(start, middle)
+    second = measure.part(middle, end)
+    a, b = (second, first) if swapped else (first, second)
+    return {"X": g.total(measure), "a": a, "b": b, "s": start, "e": middle, "f": end, "K": size}
+
+
+instance("partial-adjacent")(lambda g: _adjacent_partials(g, swapped=False))
+instance("partial-adjacent-swapped")(lambda g: _adjacent_partials(g, swapped=True))
+
+
+def _embedding_backward_rows(g: Gen, other_dim: bool) -> dict[str, Any]:
+    """Output gradients and ids of all tokens, each rank a block of token rows (a near miss
+    takes the output gradients' block of batch rows with the ids' block of positions)."""
+    import json
+
+    seq, vocab = g.int(4, 7), g.int(4, 8)
+    batch = seq if other_dim else g.int(4, 6)
+    ids = g.ids((batch, seq), vocab)
+    d2 = -1 if other_dim else g.pick((-2, -1))
+    start, end = g.tile(ids.shape[d2])
+    return {
+        "G": g.tensor(batch, seq, g.int(2, 4)),
+        "I": ids,
+        "p": json.dumps(["<tensor>", "<tensor>", vocab, -1, False]),
+        "d": -3 if other_dim else d2 - 1,
+        "d2": d2,
+        "s": start,
+        "e": end,
+    }
+
+
+instance_and_near_miss("embedding-backward-of-token-rows", _embedding_backward_rows)

@@ -274,7 +274,20 @@ TENSOR_CONSTRUCTORS: dict[str, Callable[..., Any]] = {
     "SumN": lambda ms: sum(ms[1:], ms[0]),
     "MaxN": lambda ms: torch.stack(list(ms)).amax(0),
     "MinN": lambda ms: torch.stack(list(ms)).amin(0),
+    "Op2": lambda key, a, b, args: _generic(key, [a, b], args),
 }
+
+
+def _generic(key: str, tensors: list[torch.Tensor], args: str) -> torch.Tensor:
+    """`(OpN "target#index" ... args)` for the opaque ops a rule names."""
+    import json
+
+    literal = json.loads(args)
+    if key == "aten::embedding_dense_backward#0":
+        _grad, _ids, num_weights, padding_idx, scale = literal
+        return torch.ops.aten.embedding_dense_backward(tensors[0], tensors[1].long(), num_weights, padding_idx, scale)
+    raise Undefined(f"no meaning for the opaque op {key}")
+
 
 _INT_OPS: dict[str, Callable[[int, int], int]] = {
     "+": lambda a, b: a + b,

@@ -10,6 +10,7 @@ dim maps of views, permutations and expansions, are emitted as facts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -48,6 +49,8 @@ class EncodedUnit:
     term_of: dict[tuple[str, str], str] = field(default_factory=dict)  # (graph, value id) -> term name
     issues: list[CollectiveIssue] = field(default_factory=list)
     n_terms: int = 0
+    # (graph, value id) -> the constant factor carried outside the value (joint graphs; 1 if absent)
+    factors: dict[tuple[str, str], Fraction] = field(default_factory=dict)
 
 
 class Encoder:
@@ -65,6 +68,11 @@ class Encoder:
         # all-to-all / all-gather results and the views and permutes of them, per receiving rank
         self.exchanges: dict[tuple[str, str], Exchange] = {}
         self._relayouts: dict[tuple[str, str], tuple[Exchange, int, list[Node]]] = {}
+        # Joint forward-backward graphs: constant factors are carried outside linear operations
+        # (see `_factored`). (graph, value id) -> (unscaled term, factor) for values whose factor is not 1.
+        self.factor_out = False
+        self.scaled: dict[tuple[str, str], tuple[str, Fraction]] = {}
+        self._collective_factors: dict[tuple[str, str], Fraction] = {}
 
     # -- term plumbing ------------------------------------------------------------------------------
     def _name(self, graph: str, value_id: str) -> str:
@@ -215,8 +223,14 @@ class Encoder:
                 self.node_term(graph, node, name)
             self.bind(graph, node.id, name)
 
-    def node_term(self, graph: Graph, node: Node, name: str) -> None:
-        ins = [self.term(graph, i) for i in node.inputs]
+    def node_term(self, graph: Graph, node: Node, name: str, ins: list[str] | None = None) -> None:
+        """Let `name` be the node's term: of its inputs' terms, or (`ins`) of other terms
+        standing for them (the unscaled terms of `_factored`)."""
+        own_inputs = ins is None
+        if ins is None:
+            if self.factor_out and self._factored(graph, node, name):
+                return
+            ins = [self.term(graph, i) for i in node.inputs]
         a = node.attrs
         meta = node.meta
         op = node.op
@@ -229,7 +243,7 @@ class Encoder:
         elif op == "view":
             self.let(name, f"(View {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             self.commands.extend(view_facts(name, self.meta_of[ins[0]].shape, meta.shape))
-            for source, dim, times in self._repeat_patterns(graph, node):
+            for source, dim, times in self._repeat_patterns(graph, node) if own_inputs else ():
                 # The chain is repeat_interleave: state the identity so the repeat rules apply.
                 self.commands.append(f"(union {name} (Rep {self.term(graph, source)} {dim} {times}))")
         elif op == "permute":
@@ -238,6 +252,7 @@ class Encoder:
         elif op == "expand":
             self.let(name, f"(Expand {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             self.commands.extend(expand_facts(name, self.meta_of[ins[0]].shape, meta.shape))
+            self.commands.extend(broadcast_facts(name, self.meta_of[ins[0]].shape, meta.shape))
         elif op == "unary":
             fn = a["fn"]
             if fn.startswith("cast_"):
@@ -280,6 +295,77 @@ class Encoder:
             self.let(name, f"(Leaf {_q(graph.name + '/' + node.id)})", meta)
         else:
             self.generic(graph, node, name, ins)
+
+    # -- constant factors (joint graphs) ----------------------------------------------------------------
+    def core(self, graph: Graph, value_id: str) -> tuple[str, Fraction]:
+        """A value as (term, factor): the value is factor * term."""
+        return self.scaled.get((graph.name, value_id)) or (self.term(graph, value_id), Fraction(1))
+
+    def _factored(self, graph: Graph, node: Node, name: str) -> bool:
+        """Encode `node` as a constant factor times an unscaled term when it is linear in its scaled
+        inputs (or is itself a division or multiplication by an integer, or a mean), and state
+        its value as that product. False: no factor to carry (encode as usual).
+
+        A backward pass is linear in its seed, so every gradient is a constant times what it
+        would be from another seed: a data-parallel rank seeds backward with the mean over its
+        batch block (1/n where the reference has 1/N), averages its gradients (/ world size),
+        accumulates micro-batches (each loss / their number). Carried as factors, these constants
+        meet (1/n / world size = 1/N) and the unscaled terms relate as selections and partial sums
+        of the reference's, with the usual rules. Every step is an identity: f(c x) = c f(x) for
+        f linear in x, c x + c y = c (x + y), mean = sum / count."""
+        cores = [self.core(graph, i) for i in node.inputs]
+        factors = [f for _, f in cores]
+        terms = [t for t, _ in cores]
+        op, a = node.op, node.attrs
+        if op == "scalar" and a["fn"] in ("mul", "div"):
+            value = a["value"]
+            integral = isinstance(value, int | float) and not isinstance(value, bool) and float(value).is_integer()
+            if integral and value != 0:
+                c = Fraction(int(value))
+                self._state_scaled(graph, node, name, terms[0], factors[0] * c if a["fn"] == "mul" else factors[0] / c)
+                return True
+        if op == "scalar" and a["fn"] in ("add", "sub") and a["value"] == 0 and not isinstance(a["value"], bool):
+            # x + 0 (Python's sum() of losses starts at 0)
+            self._state_scaled(graph, node, name, terms[0], factors[0])
+            return True
+        if op == "reduce" and a["fn"] == "mean":
+            count = self.meta_of[terms[0]].shape[a["dim"]]
+            summed = dataclasses.replace(node, attrs={**a, "fn": "sum"})
+            core = self._fresh("core")
+            self.node_term(graph, summed, core, ins=[terms[0]])
+            self._state_scaled(graph, node, name, core, factors[0] / count)
+            return True
+        if all(f == 1 for f in factors):
+            return False
+        factor = _linear_factor(node, factors)
+        if factor is None:
+            return False
+        if _additive(node):
+            # c x + d y = c (x + (d / c) y): the ratios of the operands' factors are the same in
+            # every program that computes the same sum, the common factor is what differs
+            for i, f in enumerate(factors[1:], start=1):
+                if f != factor:
+                    meta = self.meta_of[terms[i]]
+                    terms[i] = self.let(self._fresh("ratio"), scaled_term(terms[i], f / factor), meta)
+        core = self._fresh("core")
+        self.node_term(graph, node, core, ins=terms)
+        self._state_scaled(graph, node, name, core, factor)
+        return True
+
+    def _state_scaled(self, graph: Graph, node: Node, name: str, core: str, factor: Fraction) -> None:
+        self.let(name, scaled_term(core, factor), node.meta)
+        if factor != 1:
+            self.scaled[(graph.name, node.id)] = (core, factor)
+            # the unscaled value's relations are read back under the node's id + SCALED_SUFFIX
+            self.commands.append(f"(node {core} {_q(graph.name + '/' + node.id + SCALED_SUFFIX)})")
+
+    def let_collective(self, graph: Graph, node: Node, name: str, lowered: str) -> None:
+        factor = self._collective_factors.get((graph.name, node.id))
+        if factor is None:
+            self.let(name, lowered, node.meta)
+            return
+        core = self.let(self._fresh("core"), lowered, node.meta)
+        self._state_scaled(graph, node, name, core, factor)
 
     def generic(self, graph: Graph, node: Node, name: str, ins: list[str]) -> None:
         key = f"{node.attrs.get('target', node.op)}#{node.attrs.get('index', 0)}"
@@ -341,8 +427,17 @@ class Encoder:
         inputs = [self.term(graphs[r], calls[r].inputs[0]) for r in group]
         metas = [graphs[r].meta_of(calls[r].inputs[0]) for r in group]
         out_meta = calls[rank].meta
+        op = coll.reduce_op or "sum"
+        cores = [self.core(graphs[r], calls[r].inputs[0]) for r in group]
+        if self.factor_out and len({f for _, f in cores}) == 1 and (coll.kind == "all_gather" or op in ("sum", "avg")):
+            # the ranks' values share a factor: it is the factor of their sum or concatenation
+            # (an average's division by the group size joins it)
+            factor = cores[0][1] / (len(group) if coll.kind == "all_reduce" and op == "avg" else 1)
+            if factor != 1 and coll.kind in ("all_reduce", "reduce_scatter", "all_gather"):
+                inputs = [t for t, _ in cores]
+                op = "sum"
+                self._collective_factors[(graphs[rank].name, calls[rank].id)] = factor
         if coll.kind == "all_reduce":
-            op = coll.reduce_op or "sum"
             collection = f"(multiset-of {' '.join(inputs)})"
             if op in ("sum", "avg"):
                 for t in inputs:
@@ -450,7 +545,8 @@ class Encoder:
         from .rules import casts_are_linear
 
         self.commands.append(casts_are_linear(self.dtypes))
-        return EncodedUnit(self.commands, self.term_of, self.issues, len(self.meta_of))
+        factors = {key: factor for key, (_, factor) in self.scaled.items()}
+        return EncodedUnit(self.commands, self.term_of, self.issues, len(self.meta_of), factors)
 
 
 def _mismatch(
@@ -595,6 +691,30 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
         for iu in in_units:
             for ou in out_units:
                 fact("vkeep", (iu, iu), (ou, ou), iu - ni, ou - no)
+        if k < len(groups) and len(groups[k][1]) == 1 < len(groups[k][0]):
+            # a unit dim before a merge may be read as its outermost part ([1, 8, 32] -> [256] on
+            # a rank holding one row of the reference's [4, 8, 32] -> [1024])
+            gi, (o_dim,) = groups[k]
+            for iu in in_units:
+                fact(
+                    "vmerge",
+                    (iu, gi[-1]),
+                    (o_dim, o_dim),
+                    iu - ni,
+                    o_dim - no,
+                    math.prod(in_shape[iu + 1 : gi[-1] + 1]),
+                )
+        if k < len(groups) and len(groups[k][0]) == 1 < len(groups[k][1]):
+            (i_dim,), go = groups[k]
+            for ou in out_units:
+                fact(
+                    "vsplit",
+                    (i_dim, i_dim),
+                    (ou, go[-1]),
+                    i_dim - ni,
+                    ou - no,
+                    math.prod(out_shape[ou + 1 : go[-1] + 1]),
+                )
         if k < len(groups) and len(groups[k][0]) == 1 and len(groups[k][1]) == 1:
             (i_dim,), (o_dim,) = groups[k]
             for ou in out_units:
@@ -605,6 +725,67 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
                 fact(
                     "vmerge", (iu, i_dim), (o_dim, o_dim), iu - ni, o_dim - no, math.prod(in_shape[iu + 1 : i_dim + 1])
                 )
+    return facts
+
+
+SCALED_SUFFIX = "#unscaled"
+
+
+def scaled_term(term: str, factor: Fraction) -> str:
+    """factor * term, written the same way wherever the same factor appears."""
+    if factor == 1:
+        return term
+    if factor.denominator != 1:
+        term = f'(ScI "div" {term} {factor.denominator})'
+    if factor.numerator != 1:
+        term = f'(ScI "mul" {term} {factor.numerator})'
+    return term
+
+
+# ops linear in every input (the factor is the product of the inputs' factors) and ops linear in
+# their first input whose other inputs must be unscaled (indices, masks)
+_MULTILINEAR = {"linear", "matmul"}
+_LINEAR_IN_FIRST = {"view", "permute", "expand", "slice", "pick"}
+_LINEAR_GENERIC = {"aten::embedding_dense_backward"}
+
+
+def _additive(node: Node) -> bool:
+    return (node.op == "binary" and node.attrs["fn"] in ("add", "sub")) or node.op == "cat"
+
+
+def _linear_factor(node: Node, factors: list[Fraction]) -> Fraction | None:
+    """The factor of a linear operation's result from its inputs' factors; None if it is not linear
+    in the scaled inputs (the scaled values are then used as they are)."""
+    op, a = node.op, node.attrs
+    first, rest = factors[0], factors[1:]
+    if op in _MULTILINEAR or (op == "binary" and a["fn"] == "mul"):
+        return math.prod(factors, start=Fraction(1))
+    if op == "binary" and a["fn"] == "div":
+        return first / factors[1]
+    if _additive(node):
+        return first
+    unscaled_rest = all(f == 1 for f in rest)
+    if op in _LINEAR_IN_FIRST and unscaled_rest:
+        return first
+    if (op == "reduce" and a["fn"] == "sum") or (op == "scalar" and a["fn"] in ("mul", "div")):
+        return first
+    if op == "unary" and (a["fn"] == "neg" or a["fn"].startswith("cast_float") or a["fn"].startswith("cast_bfloat")):
+        return first
+    if op == "fill" and unscaled_rest and fill_value(a["value"]) == "0.0":
+        return first
+    if op == "generic" and a.get("target") in _LINEAR_GENERIC and a.get("index", 0) == 0 and unscaled_rest:
+        return first
+    return None
+
+
+def broadcast_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    """(ebk y d key): dim d of expansion y is broadcast (absent or of size 1 in the source); key is
+    y's shape with dim d left out, so two expansions of one value with equal keys differ only along d."""
+    facts = []
+    for k in range(1, len(out_shape) + 1):
+        if k > len(in_shape) or in_shape[-k] == 1:
+            key = ",".join("_" if i == len(out_shape) - k else str(s) for i, s in enumerate(out_shape))
+            facts.append(f"(ebk {name} {-k} {_q(key)})")
     return facts
 
 
@@ -637,6 +818,8 @@ def encode_unit(
     skeleton is such a chain (one call per layer, in every program), and egglog 13 spends 40-170
     us on every command, whatever it is."""
     encoder = Encoder()
+    # the backward of a joint graph is linear in its seed: carry constant factors (see Encoder._factored)
+    encoder.factor_out = any(role is not None for role in reference.gradient_roles)
     if outputs_only:
         reference = collapse_opaque_chains(reference)
         ranks = [(collapse_opaque_chains(graph), values) for graph, values in ranks]
@@ -762,7 +945,7 @@ def _encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
                 if node.collective is not None:
                     if (graph.name, node.id) not in lowered:
                         break
-                    encoder.let(name, lowered[(graph.name, node.id)], node.meta)
+                    encoder.let_collective(graph, node, name, lowered[(graph.name, node.id)])
                 else:
                     encoder.node_term(graph, node, name)
                 encoder.bind(graph, node.id, name)

@@ -107,6 +107,7 @@ DECLARATIONS = r"""
 (relation vmerge (T i64 i64 i64 String))
 (relation pmap (T i64 i64))
 (relation emap (T i64))
+(relation ebk (T i64 String))
 
 (relation node (T String))
 """

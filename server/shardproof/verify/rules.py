@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "7"
+RULE_LIBRARY_VERSION = "8"
 
 
 @dataclass(frozen=True)
@@ -326,6 +326,14 @@ _rule(
     "(rule ((= Y (Expand X s1)) (= y (Expand x s2)) (sel X x d R) (emap Y d) (emap y d)) ((sel Y y d R)))",
 )
 _rule(
+    "expand-broadcast-window",
+    "layout",
+    "expanding one value to a shape shorter along a broadcast dim gives any window of its expansion to "
+    "the longer shape (every position along a broadcast dim holds the same values)",
+    "(rule ((= Y (Expand X s1)) (= y (Expand X s2)) (ebk Y d key) (ebk y d key) (= n (sz y d)) (= K (sz Y d)) "
+    "(< n K)) ((selw Y y d 0 (- K n) n)))",
+)
+_rule(
     "repeat-scales-selection",
     "layout",
     "repeating every slice m times scales the selected ranges",
@@ -413,6 +421,20 @@ _rule(
     "elementwise",
     "f(A, B)[R] = f(A, B[R]) when A has no such dim",
     "(rule ((= Y (Bin f A B)) (= y (Bin f A b)) (sel B b d R) (= k (nd A)) (< k (- 0 d))) ((sel Y y d R)))",
+)
+_rule(
+    "window-meets-selection-left",
+    "elementwise",
+    "a window operand combined with a selected one is that selection (any window position is)",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (selw A a d lo hi n) (sel B b d (RCons s e (RNil))) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel A a d (RCons s e (RNil)))))",
+)
+_rule(
+    "window-meets-selection-right",
+    "elementwise",
+    "as window-meets-selection-left, operands swapped",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (selw B b d lo hi n) (sel A a d (RCons s e (RNil))) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel B b d (RCons s e (RNil)))))",
 )
 _rule(
     "fill-selected-mask-broadcast",
@@ -579,6 +601,15 @@ _rule(
     "(rule ((= Y (Emb W I)) (= y (Emb W i)) (sel I i d R)) ((sel Y y (- d 1) R)))",
 )
 _rule(
+    "embedding-backward-of-token-rows",
+    "embedding",
+    "the embedding gradient of a block of token rows (their output gradients and ids) is that block's "
+    "contribution to the embedding gradient of all tokens",
+    '(rule ((= Y (Op2 "aten::embedding_dense_backward#0" G I p)) (= y (Op2 "aten::embedding_dense_backward#0" g i p)) '
+    "(sel G g d (RCons s e (RNil))) (sel I i d2 (RCons s e (RNil))) (= d (- d2 1)) (= K (sz I d2))) "
+    "((psum Y y s e K)))",
+)
+_rule(
     "vocab-mask",
     "embedding",
     "(ids < s) | (ids >= e) marks ids outside [s, e)",
@@ -665,6 +696,19 @@ _rule(
     "adding contributions of the same fraction of two reductions gives that fraction of the sum",
     "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (additive f) (psum A a s e K) (psum B b s2 e2 K2) "
     "(= (* s K2) (* s2 K)) (= (* e K2) (* e2 K))) ((psum Y y s e K)))",
+)
+_rule(
+    "partial-adjacent",
+    "partial",
+    "the contributions of adjacent index ranges add up to the contribution of their union "
+    "(gradients accumulated over consecutive micro-batches)",
+    '(rule ((= y (Bin "add" a b)) (psum X a s e K) (psum X b e f K)) ((psum X y s f K)))',
+)
+_rule(
+    "partial-adjacent-swapped",
+    "partial",
+    "as partial-adjacent, the later range first",
+    '(rule ((= y (Bin "add" a b)) (psum X a e f K) (psum X b s e K)) ((psum X y s f K)))',
 )
 _rule(
     "partial-plus-share",
