@@ -72,3 +72,16 @@ def test_routing_ops_are_in_the_vocabulary() -> None:
     assert [n.attrs["fn"] for n in graph.nodes if n.op == "scalar"] == ["maximum", "minimum"]
     assert any(n.op == "binary" and n.attrs["fn"] == "eq" for n in graph.nodes)  # one_hot: ids == arange
     assert "generic" not in [n.op for n in graph.nodes]
+
+
+def test_a_division_that_rounds_is_not_a_division() -> None:
+    graph = _graph(lambda x: torch.div(x, 2, rounding_mode="floor"), (4,))
+    assert [n.op for n in graph.nodes] == ["generic"]
+
+
+def test_ones_like_is_a_constant_of_the_shape_whatever_the_value() -> None:
+    first = _graph(lambda x: torch.ones_like(x.sum()), (4,))
+    second = _graph(lambda x: torch.ones_like(x.mean() * 3), (4,))
+    (a,) = [n for n in first.nodes if n.op == "constant"]
+    (b,) = [n for n in second.nodes if n.op == "constant"]
+    assert a.attrs["digest"] == b.attrs["digest"]

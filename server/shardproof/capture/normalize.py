@@ -365,7 +365,8 @@ class _Builder:
                 attrs["approximate"] = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
             self.add(fx, "unary", [self.value(args[0])], attrs, meta)
             return
-        if name in _BINARY:
+        if name in _BINARY and kwargs.get("rounding_mode") is None:
+            # (a division that rounds is not a division: it stays an opaque call)
             self.binary(fx, _BINARY[name], args, kwargs, meta)
             return
         if name in _REDUCTIONS:

@@ -6,6 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..graph.model import Graph
+from .encode import SCALED_SUFFIX
 from .engine import Facts, Ranges
 
 
@@ -63,7 +64,8 @@ class RelationIndex:
         for name, c in facts.classes.items():
             graph, _, value = name.partition("/")
             self.cls[(graph, value)] = c
-            self.members[c].append((graph, value))
+            if not value.endswith(SCALED_SUFFIX):  # an unscaled value is looked up, never listed
+                self.members[c].append((graph, value))
         self.by_ref: dict[int, list[Relation]] = defaultdict(list)
         for ref, part, dim, ranges in facts.sel:
             self.by_ref[ref].append(Relation("sel", part, dim=dim, ranges=ranges))
