@@ -376,22 +376,34 @@ class _Builder:
             self.collective(fx, name, args, meta)
             return
         if name in _DETERMINISTIC_FACTORIES and not any(isinstance(a, torch.fx.Node) for a in args):
-            digest = hashlib.sha256(repr((name, _literal(args), _literal(kwargs), meta)).encode()).hexdigest()[:20]
-            self.add(fx, "constant", [], {"digest": digest, "description": f"{name}{_literal(args)}"}, meta)
+            self.constant(fx, (name, _literal(args), _literal(kwargs), meta), f"{name}{_literal(args)}", meta)
             return
         if name in _SHAPED_LIKE_FACTORIES and all(not isinstance(a, torch.fx.Node) for a in args[1:]):
             # ones_like(x) reads only x's shape and dtype: the same constant wherever the shape is
-            # the same (a backward seed, `ones_like(loss)`, on every rank, whatever the loss)
-            rest = (_literal(args[1:]), _literal(kwargs), meta)
-            digest = hashlib.sha256(repr((name, *rest)).encode()).hexdigest()[:20]
-            # (`like` names the value whose shape it takes: a seed's loss, for the localizer)
-            attrs = {"digest": digest, "description": f"{name}{_literal(args[1:])}", "like": self.value(args[0])}
-            self.add(fx, "constant", [], attrs, meta)
+            # the same (a backward seed, `ones_like(loss)`, on every rank, whatever the loss);
+            # `like` names the value whose shape it takes (a seed's loss, for the localizer)
+            key = (name, _literal(args[1:]), _literal(kwargs), meta)
+            self.constant(fx, key, f"{name}{_literal(args[1:])}", meta, like=self.value(args[0]))
             return
         if name in _UNINITIALISED_FACTORIES:
             self.add(fx, "uninitialized", [], {}, meta)
             return
         self.generic(fx, name, args, kwargs, meta)
+
+    def constant(
+        self,
+        fx: torch.fx.Node,
+        key: tuple[Any, ...],
+        description: str,
+        meta: TensorMeta,
+        suffix: str = "",
+        **attrs: Any,
+    ) -> str:
+        """A value fixed by `key` alone (a factory call and its literal arguments): equal keys, one term."""
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:20]
+        return self.add(
+            fx, "constant", [], {"digest": digest, "description": description, **attrs}, meta, suffix=suffix
+        )
 
     def generic(
         self,
@@ -1345,14 +1357,8 @@ class _Builder:
         classes = meta.shape[-1]
         src_meta = self.meta(source)
         column = self.view(fx, source, TensorMeta((*src_meta.shape, 1), src_meta.dtype), suffix=".column")
-        digest = hashlib.sha256(repr(("arange", classes, "int64")).encode()).hexdigest()[:20]
-        arange = self.add(
-            fx,
-            "constant",
-            [],
-            {"digest": digest, "description": f"arange({classes})"},
-            TensorMeta((classes,), "int64"),
-            suffix=".classes",
+        arange = self.constant(
+            fx, ("arange", classes, "int64"), f"arange({classes})", TensorMeta((classes,), "int64"), suffix=".classes"
         )
         hit = self.add(fx, "binary", [column, arange], {"fn": "eq"}, TensorMeta(meta.shape, "bool"), suffix=".eq")
         self.add(fx, "unary", [hit], {"fn": "cast_" + meta.dtype}, meta)

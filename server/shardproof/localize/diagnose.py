@@ -1509,14 +1509,12 @@ class Localizer:
             if parameter is None:
                 continue
             ref_value = self.reference.outputs[index]
-            ref_class = self.index.class_of("reference", ref_value + SCALED_SUFFIX) or self.index.class_of(
-                "reference", ref_value
-            )
+            ref_class = self._unscaled_class("reference", ref_value)
             for rank, graph in enumerate(self.ev.ranks):
                 if index >= len(graph.outputs):
                     continue
                 value = graph.outputs[index]
-                own = self.index.class_of(graph.name, value + SCALED_SUFFIX) or self.index.class_of(graph.name, value)
+                own = self._unscaled_class(graph.name, value)
                 if own is None or own != ref_class:
                     continue
                 ratio = self.factor(graph.name, value) / self.factor("reference", ref_value)
@@ -1525,6 +1523,11 @@ class Localizer:
                 return self._scaled_gradient_report(index, parameter, rank, value, ratio)
         return None
 
+    def _unscaled_class(self, graph: str, value: str) -> int | None:
+        """The e-class of the value without the factor carried outside it (the value's, if none)."""
+        unscaled = self.index.class_of(graph, value + SCALED_SUFFIX)
+        return unscaled if unscaled is not None else self.index.class_of(graph, value)
+
     def _scaled_gradient_report(
         self, index: int, parameter: str, rank: int, value: str, ratio: Fraction
     ) -> Discrepancy:
@@ -1532,7 +1535,7 @@ class Localizer:
         nodes = self.rank_nodes[rank]
         reduction = self._reduction_upstream(rank, value)
         averaged_over = len(reduction.collective.group) if reduction is not None and reduction.collective else 1
-        reference_seed = self._seed_loss(self.reference, self.ref_nodes)
+        reference_seed = next(iter(self._seed_losses(self.reference, self.ref_nodes)), None)
         expected_seed = self.factor("reference", reference_seed) * averaged_over if reference_seed is not None else None
         wrong_seed = next(
             (
@@ -1542,11 +1545,10 @@ class Localizer:
             ),
             None,
         )
-        times = f"{ratio.numerator}/{ratio.denominator}" if ratio.denominator != 1 else str(ratio.numerator)
+        times = str(ratio)  # "2", "1/2"
         base = f"rank {rank}'s gradient of `{parameter}` is {times} × the reference's"
         if wrong_seed is not None:
-            seed_ratio = self.factor(graph.name, wrong_seed) / expected_seed  # type: ignore[operator]
-            by = f"{seed_ratio.numerator}/{seed_ratio.denominator}" if seed_ratio.denominator != 1 else str(seed_ratio)
+            by = str(self.factor(graph.name, wrong_seed) / expected_seed)  # type: ignore[operator]
             primary = (
                 self.rank_site(nodes[wrong_seed], "the loss backward starts from") if wrong_seed in nodes else None
             )
@@ -1600,10 +1602,6 @@ class Localizer:
             for n in graph.nodes
             if n.op == "constant" and n.original.endswith("ones_like") and n.attrs.get("like") in nodes
         ]
-
-    def _seed_loss(self, graph: Graph, nodes: dict[str, Node]) -> str | None:
-        seeds = self._seed_losses(graph, nodes)
-        return seeds[0] if seeds else None
 
     def _first_use(self, rank: int, parameter: str) -> Node | None:
         graph = self.ev.ranks[rank]

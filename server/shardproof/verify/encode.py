@@ -155,10 +155,8 @@ class Encoder:
     def _scale(self, src: str, factor: Fraction, meta: TensorMeta) -> str:
         if factor == 1:
             return src
-        if factor.numerator == 1 and factor.denominator > 1:
-            return self.let(self._fresh("share"), f'(ScI "div" {src} {factor.denominator})', meta)
-        if factor.denominator == 1:
-            return self.let(self._fresh("scale"), f'(ScI "mul" {src} {factor.numerator})', meta)
+        if factor.numerator == 1 or factor.denominator == 1:
+            return self.let(self._fresh("scale"), scaled_term(src, factor), meta)
         return self.let(self._fresh("scale"), f'(Sc "mul" {src} {_q(repr(float(factor)))})', meta)
 
     # -- structural helpers shared by graphs and provenance ------------------------------------------
@@ -428,12 +426,17 @@ class Encoder:
         metas = [graphs[r].meta_of(calls[r].inputs[0]) for r in group]
         out_meta = calls[rank].meta
         op = coll.reduce_op or "sum"
-        cores = [self.core(graphs[r], calls[r].inputs[0]) for r in group]
-        if self.factor_out and len({f for _, f in cores}) == 1 and (coll.kind == "all_gather" or op in ("sum", "avg")):
+        carries_factor = (
+            coll.kind == "all_gather"
+            or (coll.kind == "all_reduce" and op in ("sum", "avg"))
+            or (coll.kind == "reduce_scatter" and op == "sum")
+        )
+        if self.factor_out and carries_factor:
+            cores = [self.core(graphs[r], calls[r].inputs[0]) for r in group]
             # the ranks' values share a factor: it is the factor of their sum or concatenation
             # (an average's division by the group size joins it)
-            factor = cores[0][1] / (len(group) if coll.kind == "all_reduce" and op == "avg" else 1)
-            if factor != 1 and coll.kind in ("all_reduce", "reduce_scatter", "all_gather"):
+            factor = cores[0][1] / (len(group) if op == "avg" else 1)
+            if factor != 1 and len({f for _, f in cores}) == 1:
                 inputs = [t for t, _ in cores]
                 op = "sum"
                 self._collective_factors[(graphs[rank].name, calls[rank].id)] = factor
