@@ -22,6 +22,7 @@ DISCREPANCY_KINDS = {
     "unrelated-parameter": "a parameter is not derived from the reference weights",
     "collective-mismatch": "ranks disagree on their collective calls",
     "wrong-handover": "a pipeline stage hands the next stage less than it needs to continue",
+    "missing-layers": "layers of the reference that no rank runs (a split of the layers over stages leaves some out)",
     "missing-gradient": "a rank computes no gradient for a parameter the reference trains",
     "scaled-gradient": "a gradient is the reference's times a constant (averaged with the wrong count)",
     "not-equivalent": "a value matches nothing the reference computes",

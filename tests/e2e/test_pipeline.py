@@ -60,18 +60,42 @@ def test_a_boundary_that_drops_the_residual_is_reported_at_the_send(tmp_path: Pa
     assert "drops" in finding.message and finding.ranks == [0]
 
 
-def test_a_missing_stage_is_a_discrepancy_naming_the_layers_no_rank_runs(tmp_path: Path, sandbox) -> None:
+def test_a_split_that_leaves_layers_to_no_rank_is_reported_at_the_stage_length(tmp_path: Path, sandbox) -> None:
     # every stage gets one layer of four at two ranks: layers 2 and 3 run nowhere
-    root, _ = _variant(
+    root, line = _variant(
         tmp_path,
         "per_stage = len(reference.layers) // world_size",
         "per_stage = len(reference.layers) // (world_size + 1)",
     )
     project = load_project(root)
-    (outcome,) = verify_check(project.checks[0], project, [2], sandbox, numeric_witness=False).results
+    (outcome,) = verify_check(project.checks[0], project, [2], sandbox).results
     assert outcome.verdict == "discrepancy"
     finding = outcome.discrepancies[0]
-    assert "layers.2" in finding.message, finding.message
+    assert finding.kind == "missing-layers", finding.message
+    assert "no rank runs layers.2-3 of the reference's 4 layers" in finding.message
+    assert "too short (1 each, 2 of 4 in all)" in finding.message
+    assert finding.primary is not None and finding.primary.file.endswith(STAGES)
+    assert finding.primary.line == line
+    assert [(s.line, s.note) for s in finding.related] == [(line + 2, "selects each stage's layers")]
+    assert finding.found == "rank 0 runs layers.0; rank 1 runs layers.1"
+    assert finding.witness is not None and finding.witness["status"] == "confirmed", finding.witness
+
+
+def test_stage_blocks_that_overlap_are_reported_at_the_stage_start(tmp_path: Path, sandbox) -> None:
+    # `start = rank`: at two ranks the stages run layers 0-1 and 1-2, and layer 3 runs nowhere;
+    # at four ranks (one layer each) the same line is right
+    root, line = _variant(tmp_path, "start = rank * per_stage", "start = rank")
+    project = load_project(root)
+    two, four = verify_check(project.checks[0], project, [2, 4], sandbox, numeric_witness=False).results
+    assert four.verdict == "verified"
+    assert two.verdict == "discrepancy"
+    finding = two.discrepancies[0]
+    assert finding.kind == "missing-layers", finding.message
+    assert "no rank runs layers.3" in finding.message
+    assert "do not start where the previous stage's block ends" in finding.message
+    assert finding.found == "rank 0 runs layers.0-1; rank 1 runs layers.1-2"
+    assert finding.primary is not None and finding.primary.file.endswith(STAGES)
+    assert finding.primary.line == line
 
 
 def test_a_send_to_the_wrong_rank_is_a_hang(tmp_path: Path, sandbox) -> None:

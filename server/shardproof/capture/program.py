@@ -27,7 +27,7 @@ from torch import nn
 
 from ..config import Check, Project, declared_blocks, declared_dim, declared_shard, same_code_sharded_dim
 from ..errors import ConfigError, UserCodeError, user_code_error
-from ..graph.model import Frame, Graph
+from ..graph.model import Frame, Graph, ModulePlacement
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
 from . import dtensor, environment
 from .blocks import tensor_attributes
@@ -35,6 +35,7 @@ from .fake_pg import fake_rank, group_ranks
 from .forked import map_ranks
 from .frames import exact_stack_traces
 from .normalize import dtype_name, to_graph
+from .placement import placements, recording_attachments
 from .provenance import ProvenanceTracker
 from .remap import extended_collective_remaps, sends_as_outputs
 
@@ -475,6 +476,8 @@ class CheckCapture:
         self.other_sources: set[str] = set()  # files of graphs captured outside `captured` (memoized)
         self.memoized_reference: Any = None  # the reference cut at its blocks (capture/memoized.py)
         self.captured: list[CaptureResult] = []  # every world size captured so far (for dependencies)
+        # (rank, world size) -> the reference modules its built module holds, until its graph exists
+        self.placements: dict[tuple[int, int], list[ModulePlacement]] = {}
         with import_roots(project.python_path):
             forget_project_modules(project)
             self.build_reference = load_callable(check.reference, "reference", check, project)
@@ -561,6 +564,7 @@ class CheckCapture:
                     program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
                     graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
                 graph.plan_entries = plan
+                graph.placements = self.placements.pop((rank, world_size), [])
             return RankCapture(rank, graph, values), dtensor.uses_dtensor(module)
 
         with import_roots(self.project.python_path):
@@ -641,13 +645,18 @@ class CheckCapture:
             module = _build_module(self.build_parallel, stage, tracker)
         else:
             reference_module, reference_values = _build_reference(self.build_reference, tracker)
-            with dtensor.recording_plan_entries() as applied_styles:
+            with (
+                dtensor.recording_plan_entries() as applied_styles,
+                recording_attachments(reference_module) as attached,
+            ):
                 module = _build_module(self.build_parallel, stage, tracker, reference_module, rank, world_size)
         if not isinstance(module, nn.Module):
             raise UserCodeError(
                 f"the parallel builder returned {type(module).__name__} for rank {rank}, not an nn.Module"
             )
         module.eval()
+        if not self.check.same_code_reference:
+            self.placements[(rank, world_size)] = placements(module, reference_module, attached)
         return module, self._rank_values(module, tracker, reference_values, rank, world_size), applied_styles
 
     def _rank_values(

@@ -124,6 +124,16 @@ class Placeholder:
     meta: TensorMeta
 
 
+@dataclass(frozen=True, slots=True)
+class ModulePlacement:
+    """A reference module a rank's module tree holds (the same object): at `path` on the rank,
+    `reference` in the reference, attached where `site` assigned it (or the container holding it)."""
+
+    path: str
+    reference: str
+    site: SourceSite | None = None
+
+
 @dataclass(slots=True)
 class Graph:
     """A captured program: the reference (rank None) or one rank of the parallel version."""
@@ -143,6 +153,8 @@ class Graph:
     gradient_gaps: list[str] = field(default_factory=list)
     # where user code detaches a value in the forward (a place gradients stop)
     gradient_cuts: list[SourceSite] = field(default_factory=list)
+    # the reference modules the rank's module holds, outermost only (pipeline stages, layer splits)
+    placements: list[ModulePlacement] = field(default_factory=list)
 
     def node_map(self) -> dict[str, Node]:
         return {n.id: n for n in self.nodes}

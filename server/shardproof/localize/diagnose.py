@@ -34,6 +34,7 @@ from ..results import Discrepancy, Site, Unsupported
 from ..verify.encode import SCALED_SUFFIX, CollectiveIssue
 from ..verify.relations_found import Relation, RelationIndex
 from .sites import Line, library_site, line_of, pick_frame, reference_lines, short, to_site
+from .stages import missing_layers
 
 _LINEAR_OPS = {
     ("binary", "add"),
@@ -156,6 +157,9 @@ class Localizer:
     def explain(self, failing_outputs: list[int]) -> Discrepancy | Unsupported:
         if self.ev.issues:
             return self.collective_mismatch(self.ev.issues[0])
+        unplaced = missing_layers(self.reference, self.ev.ranks, self.ev.rank_values)
+        if unplaced is not None:
+            return unplaced
         missing = self.missing_gradient(failing_outputs) or self.scaled_gradient(failing_outputs)
         if missing is not None:
             return missing
