@@ -128,3 +128,84 @@ def test_batched_point_to_point_calls_are_verified_and_run(tmp_path: Path, sandb
     assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")]
     numbers = compare_numerically(project.checks[0], project, 4)
     assert not numbers.differs, numbers.to_dict()
+
+
+_EXCHANGE = '''
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class Projection(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def build():
+    return Projection()
+
+
+def example_inputs():
+    return (torch.randn(4, 8),)
+
+
+class Exchange(nn.Module):
+    """Each of two ranks projects its half of the rows and swaps halves with the other."""
+
+    def __init__(self, reference, rank, world_size):
+        super().__init__()
+        self.proj, self.rank = reference.proj, rank
+
+    def forward(self, x):
+        peer = 1 - self.rank
+        mine = self.proj(x.chunk(2)[self.rank])
+        theirs = torch.empty_like(mine)
+        CALLS
+        return torch.cat([mine, theirs] if self.rank == 0 else [theirs, mine])
+
+
+def parallelize(reference, rank, world_size):
+    return Exchange(reference, rank, world_size)
+'''
+
+_BATCHED = (
+    "ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]\n"
+    "        for work in dist.batch_isend_irecv(ops if ORDER else ops[::-1]):\n"
+    "            work.wait()"
+)
+
+
+def _exchange_project(tmp_path: Path, calls: str) -> Path:
+    root = tmp_path / "exchange"
+    root.mkdir()
+    (root / "exchange.py").write_text(_EXCHANGE.replace("CALLS", calls))
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "exchange"\nversion = "0"\n\n[tool.shardproof]\npython-path = ["."]\n\n'
+        '[[tool.shardproof.check]]\nname = "swap"\nreference = "exchange:build"\n'
+        'parallel = "exchange:parallelize"\ninputs = "exchange:example_inputs"\nworld-sizes = [2]\n'
+    )
+    return root
+
+
+@pytest.mark.parametrize("order", ["True", "self.rank == 0"])
+def test_two_ranks_that_send_to_each_other_in_one_batch_pair_up_in_any_order(
+    tmp_path: Path, order: str, sandbox
+) -> None:
+    # both ranks list their send first, or rank 1 its receive first: the calls of a batch run at once
+    project = load_project(_exchange_project(tmp_path, _BATCHED.replace("ORDER", order)))
+    (outcome,) = verify_check(project.checks[0], project, [2], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "verified", outcome.summary
+    assert not compare_numerically(project.checks[0], project, 2).differs
+
+
+def test_two_ranks_that_both_send_first_with_blocking_calls_hang(tmp_path: Path, sandbox) -> None:
+    blocking = "dist.send(mine, dst=peer)\n        dist.recv(theirs, src=peer)"
+    project = load_project(_exchange_project(tmp_path, blocking))
+    (outcome,) = verify_check(project.checks[0], project, [2], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "discrepancy"
+    finding = outcome.discrepancies[0]
+    assert finding.kind == "collective-mismatch" and "both send" in finding.message and "hang" in finding.message

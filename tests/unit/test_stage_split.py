@@ -142,3 +142,12 @@ def test_without_the_source_the_report_stays_at_the_line_that_attached_the_layer
     finding = missing_layers(*_graphs([[0], [1]], str(tmp_path / "gone.py")))
     assert finding is not None and finding.primary is not None
     assert (finding.primary.line, finding.primary.note) == (4, "selects each stage's layers")
+
+
+def test_a_rank_that_runs_no_layer_is_reported_at_the_line_that_selects_them(tmp_path) -> None:
+    source = tmp_path / "stages.py"
+    source.write_text(_STAGES)
+    finding = missing_layers(*_graphs([[0, 1], []], str(source)))
+    assert finding is not None and "rank 1 runs none of them" in finding.message
+    assert finding.primary is not None
+    assert (finding.primary.line, finding.primary.note) == (4, "selects each stage's layers")

@@ -196,8 +196,21 @@ def point_to_point(
     def is_send(op: Any) -> bool:
         return op.op in (isend, send_call, originals["isend"], originals["send"])
 
+    def peer_of(op: Any) -> int:
+        return _peer(op.group, op.peer, getattr(op, "group_peer", None))
+
+    def from_lower_rank(op: Any) -> bool:
+        """Whether `op` moves a value from the lower of its two ranks to the higher."""
+        return is_send(op) == (dist.get_rank() < peer_of(op))
+
     def batch_isend_irecv(p2p_op_list: list[Any]) -> list[_CompletedWork]:
-        ops = sorted(p2p_op_list, key=lambda op: not is_send(op)) if sends_first else p2p_op_list
+        if sends_first:
+            ops = sorted(p2p_op_list, key=lambda op: not is_send(op))
+        else:
+            # A batch's calls run at once: two ranks that send to each other in one batch must
+            # pair up whatever order each listed its calls in. Calls are matched in order per
+            # pair of ranks, so both ranks list the value moving from the lower rank first.
+            ops = sorted(p2p_op_list, key=lambda op: not from_lower_rank(op))
         return [
             (isend if is_send(op) else irecv)(op.tensor, op.peer, op.group, op.tag, getattr(op, "group_peer", None))
             for op in ops

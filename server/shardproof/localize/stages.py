@@ -28,6 +28,7 @@ class _Split:
     blocks: dict[int, list[int]]  # rank -> the container's indices it holds, ascending
     missing: list[int]
     attached: Frame | None  # the user line that attached the layers to a stage
+    world_size: int
 
 
 def missing_layers(reference: Graph, ranks: list[Graph], rank_values: list[dict[str, Expr]]) -> Discrepancy | None:
@@ -85,6 +86,7 @@ def _splits(ranks: list[Graph], used: set[str], held: set[str]) -> list[_Split]:
                 {r: sorted(b) for r, b in sorted(blocks.items())},
                 missing,
                 sites[0] if sites else None,
+                len(ranks),
             )
         )
     return splits
@@ -113,11 +115,18 @@ def _names(container: str, indices: list[int]) -> str:
 
 def _report(split: _Split, reference: Graph) -> Discrepancy:
     container, blocks = split.container, split.blocks
-    short_of_length = _follow_each_other(blocks)
     runs = "; ".join(f"rank {rank} runs {_names(container, indices)}" for rank, indices in blocks.items())
     lengths = sorted({len(indices) for indices in blocks.values()})
     covered = sum(len(indices) for indices in blocks.values())
-    if short_of_length:
+    idle = [rank for rank in range(split.world_size) if rank not in blocks]
+    bound: str | None = None  # the bound of the blocks that is wrong, when it is one
+    if idle:
+        who = f"rank {idle[0]} runs" if len(idle) == 1 else f"ranks {', '.join(map(str, idle))} run"
+        how = f"{who} none of them"
+        expected = f"every one of the {split.world_size} ranks runs its block of {container}"
+        suggestion = "give every stage its block of the layers"
+    elif _follow_each_other(blocks):
+        bound = "length"
         each = f"{lengths[0]} each" if len(lengths) == 1 else f"{lengths[0]} to {lengths[-1]} each"
         how = f"the stages' blocks follow each other but are too short ({each}, {covered} of {split.size} in all)"
         expected = f"the blocks of all {len(blocks)} ranks together cover {container}.0-{split.size - 1}"
@@ -125,11 +134,12 @@ def _report(split: _Split, reference: Graph) -> Discrepancy:
             "give each stage its share of all the layers (the number of layers divided by the number of stages)"
         )
     else:
+        bound = "start"
         how = "the stages' blocks do not start where the previous stage's block ends"
         expected = f"each rank's block of {container} starts where the previous rank's ends, from {container}.0"
         suggestion = "start each stage's block where the previous stage's block ends"
     selection = _selection(split.attached)
-    primary, related = _sites(split.attached, selection, short_of_length)
+    primary, related = _sites(split.attached, selection, bound)
     missing_name = _names(container, split.missing)
     first_use = _first_use(reference, f"{container}.{split.missing[0]}.")
     return Discrepancy(
@@ -173,17 +183,16 @@ def _definition_site(frame: Frame, definition: Definition, note: str) -> Site:
 
 
 def _sites(
-    attached: Frame | None, selection: SliceSelection | None, short_of_length: bool
+    attached: Frame | None, selection: SliceSelection | None, bound: str | None
 ) -> tuple[Site | None, list[Site]]:
     """The assignment of the wrong bound (where the fix belongs) and the line that selects the
-    layers; the selection itself when its bounds read no local assignment."""
+    layers; the selection itself when no bound is to blame or its bounds read no local assignment."""
     if attached is None:
         return None, []
     selecting = to_site(attached, "selects each stage's layers")
-    if selection is None:
+    if selection is None or bound is None:
         return selecting, []
-    blamed = selection.length if short_of_length else selection.offset
-    bound = "length" if short_of_length else "start"
+    blamed = selection.length if bound == "length" else selection.offset
     if not blamed:
         return selecting, []
     sites = [
