@@ -270,15 +270,10 @@ def verify_world_size(
             start = time.perf_counter()
             reference_node = captured.reference.graph.node_map().get(finding.reference_node)
             module_path = reference_node.module_path if reference_node is not None else ""
-            roles = captured.reference.graph.gradient_roles
-            if roles and all(i < len(roles) and roles[i] is not None for i in failing):
-                finding.witness = {
-                    "status": "unconfirmed",
-                    "reason": "the numeric witness runs forward passes only; gradients are not compared with real "
-                    "numbers yet",
-                }
-            else:
-                finding.witness = witness(check, capture.project, world_size, module_path, finding.kind)
+            # a gradients check runs its training steps: their outputs and every gradient
+            gradients = bool(captured.reference.graph.gradient_roles)
+            rank_roles = [r.graph.gradient_roles for r in captured.ranks] if gradients else None
+            finding.witness = witness(check, capture.project, world_size, module_path, finding.kind, rank_roles)
             seconds["witness"] = time.perf_counter() - start
             return result
     else:

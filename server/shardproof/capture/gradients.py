@@ -66,9 +66,12 @@ class GradientPart:
 
     def role(self, absent: bool) -> GradientRole:
         """The output role of this part's gradient (`absent`: the rank computes none)."""
+        block = None if self.dim is None else (self.dim, self.offset, self.end - self.start)
         if self.dim is None or self.whole:
-            return GradientRole(self.parameter, self.rank_parameter, absent=absent)
-        return GradientRole(self.parameter, self.rank_parameter, self.dim, self.start, self.end, absent=absent)
+            return GradientRole(self.parameter, self.rank_parameter, absent=absent, rank_block=block)
+        return GradientRole(
+            self.parameter, self.rank_parameter, self.dim, self.start, self.end, absent=absent, rank_block=block
+        )
 
 
 def gradient_parts(values: dict[str, Expr], trainable: set[str]) -> dict[str, GradientPart]:

@@ -114,6 +114,8 @@ class GradientRole:
     start: int = 0
     end: int = 0
     absent: bool = False  # the rank computes no gradient for its parameter (zeros stand in)
+    # (dim, offset, length) of the rank parameter's gradient that shows it (None: all of it)
+    rank_block: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

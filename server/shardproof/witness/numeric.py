@@ -356,7 +356,16 @@ def _one_trial(
     if hook is not None:
         hook.remove()
     copies = [copy.deepcopy(reference) for _ in range(world_size)]
-    rank_outputs = _run_ranks(copies, inputs, build_parallel, world_size, module_path, captured, relation_override)
+
+    def forward(module: nn.Module, rank: int) -> list[Any]:
+        with torch.no_grad():
+            hook = hook_module(module, module_path, captured, f"rank{rank}")
+            flat, _ = tree_flatten(module(*inputs))
+            if hook is not None:
+                hook.remove()
+        return flat
+
+    rank_outputs = run_ranks(copies, build_parallel, world_size, relation_override, forward)
     return compare_runs(
         reference_outputs, rank_outputs, captured, world_size, output_relation, module_path, configuration
     )
@@ -457,16 +466,16 @@ def declared_value(source: torch.Tensor, relation: str, rank: int, world_size: i
     return source
 
 
-def _run_ranks(
+def run_ranks(
     copies: list[nn.Module],
-    inputs: tuple[Any, ...],
     build_parallel: Callable[..., Any],
     world_size: int,
-    module_path: str,
-    captured: dict[str, Any],
     relation_override: RelationOverride,
-) -> list[list[Any]]:
-    outputs: list[list[Any]] = [[] for _ in range(world_size)]
+    run: Callable[[nn.Module, int], Any],
+) -> list[Any]:
+    """Build every rank from its copy of the reference and `run(module, rank)` it, each rank on
+    its own thread of the threaded process group; what each run returns, by rank."""
+    outputs: list[Any] = [[] for _ in range(world_size)]
     failures: list[str] = []
     lock = threading.Lock()
 
@@ -476,12 +485,8 @@ def _run_ranks(
             with torch.no_grad():
                 module = build_parallel(copies[rank], rank, world_size)
                 load_declared_values(module, copies[rank], relation_override, rank, world_size)
-                module.eval()
-                hook = hook_module(module, module_path, captured, f"rank{rank}")
-                flat, _ = tree_flatten(module(*inputs))
-                if hook is not None:
-                    hook.remove()
-            outputs[rank] = flat
+            module.eval()
+            outputs[rank] = run(module, rank)
         except Exception as exc:  # noqa: BLE001 - reported as the reason no witness exists
             with lock:
                 failures.append(f"rank {rank}: {type(exc).__name__}: {exc}")

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..config import Check, Project
 from ..errors import ShardproofError
+from ..graph.model import GradientRole
 from .numeric import RELATIVE_TOLERANCE, NumericComparison, NumericRunError, run_and_compare
 
 
@@ -38,20 +39,68 @@ def compare_numerically(
         )
 
 
-def witness(check: Check, project: Project, world_size: int, module_path: str = "", kind: str = "") -> dict[str, Any]:
+def compare_gradients_numerically(
+    check: Check, project: Project, world_size: int, rank_roles: list[list[GradientRole | None]]
+) -> NumericComparison:
+    """Run `check`'s training steps at `world_size` with real numbers and compare every gradient
+    with what each rank's shows of it (`rank_roles`: the gradient roles of each rank's capture)."""
+    from ..capture.program import forget_project_modules, import_roots, load_callable
+    from .gradients import run_gradients_and_compare
+
+    if check.same_code_reference:
+        raise NumericRunError("gradients of same-code checks (fairscale, Megatron) are not run with real numbers yet")
+    gradients = check.gradients
+    assert gradients is not None
+    with import_roots(project.python_path):
+        forget_project_modules(project)
+        build_reference = load_callable(check.reference, "reference", check, project)
+        make_inputs = load_callable(check.inputs, "inputs", check, project)
+        build_parallel = load_callable(check.parallel, "parallel", check, project)
+        steps = tuple(
+            load_callable(spec, which, check, project) if spec is not None else None
+            for which, spec in (
+                ("reference-step", gradients.reference_step),
+                ("parallel-step", gradients.parallel_step),
+            )
+        )
+        return run_gradients_and_compare(
+            build_reference,
+            make_inputs,
+            build_parallel,
+            world_size,
+            (steps[0], steps[1]),
+            rank_roles,
+            check.outputs,
+            relation_override=check.relation_override,
+        )
+
+
+def witness(
+    check: Check,
+    project: Project,
+    world_size: int,
+    module_path: str = "",
+    kind: str = "",
+    rank_roles: list[list[GradientRole | None]] | None = None,
+) -> dict[str, Any]:
     """The numeric witness of a discrepancy of `kind` found at `world_size`: "confirmed" with the
-    errors at the outputs and at the localized module, or "unconfirmed" with the reason."""
+    errors at the outputs (or, with `rank_roles`, at the parameter gradients) and at the
+    localized module, or "unconfirmed" with the reason."""
     if kind == "collective-mismatch":
         # Ranks that disagree on their collectives would wait for each other forever.
         return {
             "status": "unconfirmed",
             "reason": "the ranks make different collective calls, so a run with real numbers would hang",
         }
-    attempts = ["full"] + (["quick"] if check.quick is not None else [])
+    # the gradients run in the full configuration only (the quick one is a forward check)
+    attempts = ["full"] + (["quick"] if check.quick is not None and rank_roles is None else [])
     reasons: list[str] = []
     for configuration in attempts:
         try:
-            comparison = compare_numerically(check, project, world_size, module_path, configuration)
+            if rank_roles is not None:
+                comparison = compare_gradients_numerically(check, project, world_size, rank_roles)
+            else:
+                comparison = compare_numerically(check, project, world_size, module_path, configuration)
         except (NumericRunError, ShardproofError) as exc:
             reasons.append(f"{configuration} configuration: {getattr(exc, 'message', None) or exc}")
             continue
@@ -62,7 +111,8 @@ def witness(check: Check, project: Project, world_size: int, module_path: str = 
             return data
         data["status"] = "unconfirmed"
         data["reason"] = (
-            f"on random weights and the example inputs the outputs agree within {RELATIVE_TOLERANCE:g} "
+            f"on random weights and the example inputs the {'gradients' if rank_roles is not None else 'outputs'} "
+            f"agree within {RELATIVE_TOLERANCE:g} "
             f"(relative); the difference may need other inputs or weights"
         )
         return data
