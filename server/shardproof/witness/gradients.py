@@ -28,9 +28,9 @@ from .numeric import (
     NumericComparison,
     NumericRunError,
     RelationOverride,
-    _difference,
     compare_runs,
     default_dtype,
+    difference,
     randomize,
     refuse_large,
     run_ranks,
@@ -143,7 +143,7 @@ def compare_gradients(
             if shown.shape != wanted.shape:
                 candidate = Difference(where, math.inf, math.inf, f"rank {rank} shows shape {list(shown.shape)}")
             else:
-                candidate = _difference(where, wanted, shown, f"rank {rank}")
+                candidate = difference(where, wanted, shown, f"rank {rank}")
             if worst is None or (candidate.max_rel, candidate.max_abs) > (worst.max_rel, worst.max_abs):
                 worst = candidate
         if worst is not None:

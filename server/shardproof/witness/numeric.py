@@ -176,7 +176,7 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor)), None)
 
 
-def _difference(where: str, reference: torch.Tensor, candidate: torch.Tensor, note: str = "") -> Difference:
+def difference(where: str, reference: torch.Tensor, candidate: torch.Tensor, note: str = "") -> Difference:
     if reference.shape != candidate.shape:
         return Difference(where, math.inf, math.inf, f"shape {list(candidate.shape)}, expected {list(reference.shape)}")
     reference = reference.to(torch.float64)
@@ -204,10 +204,10 @@ def _combine(reference: torch.Tensor, per_rank: list[torch.Tensor], relation: st
 def _compare(where: str, reference: torch.Tensor, per_rank: list[torch.Tensor], relation: str) -> Difference:
     combined, how = _combine(reference, per_rank, relation)
     if how == "every rank":
-        worst = max((_difference(where, reference, t) for t in per_rank), key=lambda d: (d.max_rel, d.max_abs))
+        worst = max((difference(where, reference, t) for t in per_rank), key=lambda d: (d.max_rel, d.max_abs))
         worst.note = worst.note or "every rank holds it in full"
         return worst
-    return _difference(where, reference, combined, how)
+    return difference(where, reference, combined, how)
 
 
 def input_trials(
