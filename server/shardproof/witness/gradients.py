@@ -23,7 +23,6 @@ from torch.utils._pytree import tree_flatten
 
 from ..graph.model import GradientRole
 from .numeric import (
-    MAX_PARAMETER_ELEMENTS,
     Difference,
     NumericComparison,
     NumericRunError,
@@ -31,8 +30,7 @@ from .numeric import (
     compare_runs,
     default_dtype,
     difference,
-    randomize,
-    refuse_large,
+    random_reference,
     run_ranks,
     to_float64,
 )
@@ -61,20 +59,8 @@ def run_gradients_and_compare(
     reference_step, parallel_step = steps
     with default_dtype(torch.float64), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            refuse_large(build_reference, MAX_PARAMETER_ELEMENTS)
-            torch.manual_seed(seed)
-            reference = build_reference()
-            inputs = make_inputs()
-        except NumericRunError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported as the reason no witness exists
-            raise NumericRunError(f"building the reference on real tensors failed: {exc}") from None
-        inputs = to_float64(
-            inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(inputs, list) else (inputs,)
-        )
-        reference.to(torch.float64).eval()
-        randomize(reference, seed)
+        reference, example_inputs = random_reference(build_reference, make_inputs, seed)
+        inputs = to_float64(example_inputs)
         copies = [copy.deepcopy(reference) for _ in range(world_size)]
         cotangents = _cotangents(reference, inputs, seed) if reference_step is None else []
         try:

@@ -291,19 +291,7 @@ def run_and_compare(
     # User code warns about deprecated collectives etc.; the static capture reported those already.
     with default_dtype(torch.float64), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            refuse_large(build_reference, MAX_PARAMETER_ELEMENTS)
-            torch.manual_seed(seed)
-            reference = build_reference()
-            inputs = make_inputs()
-        except NumericRunError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported as the reason no witness exists
-            raise NumericRunError(f"building the reference on real tensors failed: {exc}") from None
-        if not isinstance(inputs, tuple):
-            inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
-        reference.to(torch.float64).eval()
-        randomize(reference, seed)
+        reference, inputs = random_reference(build_reference, make_inputs, seed)
         trials = (
             (
                 description,
@@ -323,6 +311,27 @@ def run_and_compare(
         best = first_differing(trials)
     best.seconds = time.perf_counter() - start
     return best
+
+
+def random_reference(
+    build_reference: Callable[[], Any], make_inputs: Callable[[], Any], seed: int
+) -> tuple[nn.Module, tuple[Any, ...]]:
+    """The reference in float64 eval mode on random weights, and the example inputs as a tuple
+    (call under `default_dtype(torch.float64)`)."""
+    try:
+        refuse_large(build_reference, MAX_PARAMETER_ELEMENTS)
+        torch.manual_seed(seed)
+        reference = build_reference()
+        inputs = make_inputs()
+    except NumericRunError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported as the reason no witness exists
+        raise NumericRunError(f"building the reference on real tensors failed: {exc}") from None
+    if not isinstance(inputs, tuple):
+        inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    reference.to(torch.float64).eval()
+    randomize(reference, seed)
+    return reference, inputs
 
 
 def first_differing(trials: Iterable[tuple[str, NumericComparison]]) -> NumericComparison:
