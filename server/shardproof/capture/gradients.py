@@ -307,11 +307,19 @@ def _gradient_outputs(
         absent = grad is None
         if grad is None:  # frozen, detached or unused on this rank: no gradient at all
             grad = torch.zeros_like(leaves[part.rank_parameter])
-        if part.dim is not None and (part.offset or part.end - part.start != grad.shape[part.dim]):
-            grad = grad.narrow(part.dim, part.offset, part.end - part.start)
-        outputs.append(grad)
-        roles.append(part.role(absent))
+        role = part.role(absent)
+        outputs.append(shown_part(grad, role.rank_block))
+        roles.append(role)
     return outputs
+
+
+def shown_part(gradient: torch.Tensor, block: tuple[int, int, int] | None) -> torch.Tensor:
+    """The part of a rank parameter's gradient at `block` (dim, offset, length; None: all of it)
+    that shows a reference parameter's gradient (a role's `rank_block`)."""
+    if block is None:
+        return gradient
+    dim, offset, length = block
+    return gradient.narrow(dim, offset, length) if offset or length != gradient.shape[dim] else gradient
 
 
 def _signature(

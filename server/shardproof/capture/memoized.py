@@ -86,7 +86,8 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
 
         def capture_rank(rank: int) -> ProgramPieces:
             with fake_rank(rank, world_size):
-                parallel, values, _ = capture.build_rank(rank, world_size)
+                built = capture.build_rank(rank, world_size)
+                parallel, values = built.module, built.values
                 if dtensor.uses_dtensor(parallel):
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
                 pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks)

@@ -85,7 +85,7 @@ def _attachment_site(path: str, modules: dict[str, nn.Module], attachments: Atta
         owner = modules.get(".".join(parts[: end - 1]))
         if owner is None:
             continue
-        key = (id(owner), parts[end - 1])
-        if key in attachments and attachments[key] is not None:
-            return attachments[key]
+        site = attachments.get((id(owner), parts[end - 1]))
+        if site is not None:
+            return site
     return None

@@ -464,6 +464,16 @@ def _rank_block(reference: Expr, dim: int, shape: tuple[int, ...], rank: int, wo
     return SliceOf(source=reference, dim=dim, start=start, end=end, shape=shape, dtype=reference.dtype)
 
 
+@dataclass
+class BuiltRank:
+    """One rank's module as its builder made it, and what capture learned while it ran."""
+
+    module: nn.Module
+    values: dict[str, Expr]  # parameters' and buffers' relations to the reference
+    applied_styles: list[dtensor.AppliedStyle]  # DTensor plan styles applied while building
+    placements: list[ModulePlacement]  # the reference modules it holds (not for same-code checks)
+
+
 class CheckCapture:
     """Captures one check; the reference graph is captured once and reused for every world size."""
 
@@ -476,8 +486,6 @@ class CheckCapture:
         self.other_sources: set[str] = set()  # files of graphs captured outside `captured` (memoized)
         self.memoized_reference: Any = None  # the reference cut at its blocks (capture/memoized.py)
         self.captured: list[CaptureResult] = []  # every world size captured so far (for dependencies)
-        # (rank, world size) -> the reference modules its built module holds, until its graph exists
-        self.placements: dict[tuple[int, int], list[ModulePlacement]] = {}
         with import_roots(project.python_path):
             forget_project_modules(project)
             self.build_reference = load_callable(check.reference, "reference", check, project)
@@ -556,15 +564,16 @@ class CheckCapture:
 
         def capture_rank(rank: int) -> tuple[RankCapture, bool]:
             with fake_rank(rank, world_size):
-                module, values, applied_styles = self.build_rank(rank, world_size, reference.values)
-                plan = dtensor.plan_entries(module, applied_styles)
+                built = self.build_rank(rank, world_size, reference.values)
+                module, values = built.module, built.values
+                plan = dtensor.plan_entries(module, built.applied_styles)
                 if self.check.gradients is not None:
                     graph = self._rank_joint_graph(module, values, meta_inputs, reference.graph, rank, world_size)
                 else:
                     program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
                     graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
                 graph.plan_entries = plan
-                graph.placements = self.placements.pop((rank, world_size), [])
+                graph.placements = built.placements
             return RankCapture(rank, graph, values), dtensor.uses_dtensor(module)
 
         with import_roots(self.project.python_path):
@@ -631,15 +640,15 @@ class CheckCapture:
         graph.gradient_gaps = gaps
         return graph
 
-    def build_rank(
-        self, rank: int, world_size: int, same_code_values: dict[str, Expr] | None = None
-    ) -> tuple[nn.Module, dict[str, Expr], list[dtensor.AppliedStyle]]:
+    def build_rank(self, rank: int, world_size: int, same_code_values: dict[str, Expr] | None = None) -> BuiltRank:
         """Build rank `rank` (inside its `fake_rank` context): the module in eval mode, its
-        parameters' relations to the reference, and the plan styles applied while building.
-        `same_code_values`: the one-rank reference's values, for the same-code pattern."""
+        parameters' relations to the reference, the plan styles applied while building and the
+        reference modules it holds. `same_code_values`: the one-rank reference's values, for the
+        same-code pattern."""
         tracker = ProvenanceTracker()
         stage = f"building rank {rank} of {world_size}"
         applied_styles: list[dtensor.AppliedStyle] = []
+        held: list[ModulePlacement] = []
         if self.check.same_code_reference:
             reference_values = same_code_values or {}
             module = _build_module(self.build_parallel, stage, tracker)
@@ -656,8 +665,9 @@ class CheckCapture:
             )
         module.eval()
         if not self.check.same_code_reference:
-            self.placements[(rank, world_size)] = placements(module, reference_module, attached)
-        return module, self._rank_values(module, tracker, reference_values, rank, world_size), applied_styles
+            held = placements(module, reference_module, attached)
+        values = self._rank_values(module, tracker, reference_values, rank, world_size)
+        return BuiltRank(module, values, applied_styles, held)
 
     def _rank_values(
         self,

@@ -11,7 +11,7 @@ slice that selected them (source_map/selection.py) names the assignment of that 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..graph.model import Frame, Graph, ModulePlacement, Node
@@ -116,8 +116,6 @@ def _names(container: str, indices: list[int]) -> str:
 def _report(split: _Split, reference: Graph) -> Discrepancy:
     container, blocks = split.container, split.blocks
     runs = "; ".join(f"rank {rank} runs {_names(container, indices)}" for rank, indices in blocks.items())
-    lengths = sorted({len(indices) for indices in blocks.values()})
-    covered = sum(len(indices) for indices in blocks.values())
     idle = [rank for rank in range(split.world_size) if rank not in blocks]
     bound: str | None = None  # the bound of the blocks that is wrong, when it is one
     if idle:
@@ -127,6 +125,8 @@ def _report(split: _Split, reference: Graph) -> Discrepancy:
         suggestion = "give every stage its block of the layers"
     elif _follow_each_other(blocks):
         bound = "length"
+        lengths = sorted({len(indices) for indices in blocks.values()})
+        covered = sum(len(indices) for indices in blocks.values())
         each = f"{lengths[0]} each" if len(lengths) == 1 else f"{lengths[0]} to {lengths[-1]} each"
         how = f"the stages' blocks follow each other but are too short ({each}, {covered} of {split.size} in all)"
         expected = f"the blocks of all {len(blocks)} ranks together cover {container}.0-{split.size - 1}"
@@ -138,8 +138,7 @@ def _report(split: _Split, reference: Graph) -> Discrepancy:
         how = "the stages' blocks do not start where the previous stage's block ends"
         expected = f"each rank's block of {container} starts where the previous rank's ends, from {container}.0"
         suggestion = "start each stage's block where the previous stage's block ends"
-    selection = _selection(split.attached)
-    primary, related = _sites(split.attached, selection, bound)
+    primary, related = _sites(split.attached, bound)
     missing_name = _names(container, split.missing)
     first_use = _first_use(reference, f"{container}.{split.missing[0]}.")
     return Discrepancy(
@@ -158,9 +157,7 @@ def _report(split: _Split, reference: Graph) -> Discrepancy:
     )
 
 
-def _selection(attached: Frame | None) -> SliceSelection | None:
-    if attached is None:
-        return None
+def _selection(attached: Frame) -> SliceSelection | None:
     try:
         text = Path(attached.file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -169,35 +166,35 @@ def _selection(attached: Frame | None) -> SliceSelection | None:
 
 
 def _definition_site(frame: Frame, definition: Definition, note: str) -> Site:
+    """The site of `definition`'s assignment, in the function of `frame`."""
     span = definition.span
-    return Site(
-        file=frame.file,
+    moved = replace(
+        frame,
         line=span.line,
-        column=span.column + 1,
+        column=span.column,
         end_line=span.end_line,
-        end_column=span.end_column + 1,
+        end_column=span.end_column,
         code=definition.code,
-        function=frame.function,
-        note=note,
     )
+    site = to_site(moved, note)
+    assert site is not None
+    return site
 
 
-def _sites(
-    attached: Frame | None, selection: SliceSelection | None, bound: str | None
-) -> tuple[Site | None, list[Site]]:
+def _sites(attached: Frame | None, bound: str | None) -> tuple[Site | None, list[Site]]:
     """The assignment of the wrong bound (where the fix belongs) and the line that selects the
     layers; the selection itself when no bound is to blame or its bounds read no local assignment."""
     if attached is None:
         return None, []
     selecting = to_site(attached, "selects each stage's layers")
-    if selection is None or bound is None:
+    selection = _selection(attached) if bound is not None else None
+    if selection is None:
         return selecting, []
     blamed = selection.length if bound == "length" else selection.offset
     if not blamed:
         return selecting, []
-    sites = [
-        _definition_site(attached, d, f"the {bound} of each stage's block of {selection.sequence}") for d in blamed
-    ]
+    note = f"the {bound} of each stage's block of {selection.sequence}"
+    sites = [_definition_site(attached, d, note) for d in blamed]
     assert selecting is not None
     return sites[0], [*sites[1:], selecting]
 

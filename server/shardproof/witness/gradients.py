@@ -11,7 +11,6 @@ roles found by the capture: which rank parameter, which block, where in a packed
 from __future__ import annotations
 
 import copy
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..capture.gradients import shown_part
 from ..graph.model import GradientRole
 from .numeric import (
     Difference,
@@ -124,26 +124,13 @@ def compare_gradients(
             wanted = reference_gradient
             if role.dim is not None:
                 wanted = reference_gradient.narrow(role.dim, role.start, role.end - role.start)
-            shown = _shown(role, found[rank].get(role.rank_parameter), wanted)
-            where = f"gradient of {parameter}"
-            if shown.shape != wanted.shape:
-                candidate = Difference(where, math.inf, math.inf, f"rank {rank} shows shape {list(shown.shape)}")
-            else:
-                candidate = difference(where, wanted, shown, f"rank {rank}")
+            gradient = found[rank].get(role.rank_parameter)
+            # (none: a frozen, detached or unused parameter, whose gradient is zero)
+            shown = torch.zeros_like(wanted) if gradient is None else shown_part(gradient, role.rank_block)
+            candidate = difference(f"gradient of {parameter}", wanted, shown)
+            candidate.note = f"rank {rank}" + (f": {candidate.note}" if candidate.note else "")
             if worst is None or (candidate.max_rel, candidate.max_abs) > (worst.max_rel, worst.max_abs):
                 worst = candidate
         if worst is not None:
             differences.append(worst)
     return sorted(differences, key=lambda d: not d.differs)
-
-
-def _shown(role: GradientRole, gradient: torch.Tensor | None, wanted: torch.Tensor) -> torch.Tensor:
-    """What the rank's gradient shows of the reference parameter's (zeros when it has none: a
-    frozen, detached or unused parameter)."""
-    if gradient is None:
-        return torch.zeros_like(wanted)
-    if role.rank_block is not None:
-        dim, offset, length = role.rank_block
-        if offset or length != gradient.shape[dim]:
-            gradient = gradient.narrow(dim, offset, length)
-    return gradient

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..config import Check, Project
@@ -9,24 +11,35 @@ from ..errors import ShardproofError
 from ..graph.model import GradientRole
 from .numeric import RELATIVE_TOLERANCE, NumericComparison, NumericRunError, run_and_compare
 
+Load = Callable[[str | None, str], Any]  # ("module:function" or None, its role) -> the callable or None
+
+
+@contextlib.contextmanager
+def _user_code(check: Check, project: Project) -> Iterator[tuple[tuple[Any, Any, Any], Load]]:
+    """While active, the project's modules import afresh from its python path: the check's
+    reference builder, inputs and parallel builder, and a loader of its other callables."""
+    from ..capture.program import forget_project_modules, import_roots, load_callable
+
+    def load(spec: str | None, role: str) -> Any:
+        return None if spec is None else load_callable(spec, role, check, project)
+
+    with import_roots(project.python_path):
+        forget_project_modules(project)
+        builders = (load(check.reference, "reference"), load(check.inputs, "inputs"), load(check.parallel, "parallel"))
+        yield builders, load
+
 
 def compare_numerically(
     check: Check, project: Project, world_size: int, module_path: str = "", configuration: str = "full"
 ) -> NumericComparison:
     """Run `check` (or its quick configuration) at `world_size` with real numbers."""
-    from ..capture.program import forget_project_modules, import_roots, load_callable
-
     chosen = check.for_mode(configuration)
     if chosen.same_code_reference:
         # fairscale and Megatron keep process-global model-parallel state: one process per rank
         from .rank_processes import run_same_code
 
         return run_same_code(check, project, world_size, module_path, configuration)
-    with import_roots(project.python_path):
-        forget_project_modules(project)
-        build_reference = load_callable(chosen.reference, "reference", chosen, project)
-        make_inputs = load_callable(chosen.inputs, "inputs", chosen, project)
-        build_parallel = load_callable(chosen.parallel, "parallel", chosen, project)
+    with _user_code(chosen, project) as ((build_reference, make_inputs, build_parallel), _):
         return run_and_compare(
             build_reference,
             make_inputs,
@@ -44,31 +57,21 @@ def compare_gradients_numerically(
 ) -> NumericComparison:
     """Run `check`'s training steps at `world_size` with real numbers and compare every gradient
     with what each rank's shows of it (`rank_roles`: the gradient roles of each rank's capture)."""
-    from ..capture.program import forget_project_modules, import_roots, load_callable
     from .gradients import run_gradients_and_compare
 
     if check.same_code_reference:
         raise NumericRunError("gradients of same-code checks (fairscale, Megatron) are not run with real numbers yet")
     gradients = check.gradients
     assert gradients is not None
-    with import_roots(project.python_path):
-        forget_project_modules(project)
-        build_reference = load_callable(check.reference, "reference", check, project)
-        make_inputs = load_callable(check.inputs, "inputs", check, project)
-        build_parallel = load_callable(check.parallel, "parallel", check, project)
-        steps = tuple(
-            load_callable(spec, which, check, project) if spec is not None else None
-            for which, spec in (
-                ("reference-step", gradients.reference_step),
-                ("parallel-step", gradients.parallel_step),
-            )
-        )
+    with _user_code(check, project) as ((build_reference, make_inputs, build_parallel), load):
+        reference_step = load(gradients.reference_step, "reference-step")
+        parallel_step = load(gradients.parallel_step, "parallel-step")
         return run_gradients_and_compare(
             build_reference,
             make_inputs,
             build_parallel,
             world_size,
-            (steps[0], steps[1]),
+            (reference_step, parallel_step),
             rank_roles,
             check.outputs,
             relation_override=check.relation_override,
