@@ -7,7 +7,18 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-VERDICTS = ("verified", "discrepancy", "inconclusive", "error")
+# What a world size (and a check) can end as, decided by evidence:
+#   verified      proven equal
+#   discrepancy   a difference is shown: real numbers differ, a rank fails where the reference
+#                 does not, or the ranks' collective calls are proven not to pair up
+#   unproven      neither proven equal nor a shown difference (a gap in the rules, or a bug the
+#                 numeric witness could not expose); the report names the first value without a
+#                 relation, its line, and what the numbers said
+#   inconclusive  a bound was hit or an operation is not supported
+#   error         the declaration or the user's code failed before anything was verified
+VERDICTS = ("verified", "discrepancy", "unproven", "inconclusive", "error")
+# The order a check (or a run of checks) takes its verdict from its world sizes: the first present.
+VERDICT_PRECEDENCE = ("error", "discrepancy", "inconclusive", "unproven")
 
 # Stable discrepancy kinds (diagnostic codes); README anchors use the same names.
 DISCREPANCY_KINDS = {
@@ -69,7 +80,8 @@ class Discrepancy:
     suggestion: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     id: str = ""
-    # Real numbers that differ ("confirmed", with the errors), or "unconfirmed" and why.
+    # The numeric witness: "confirmed" (real numbers differ, with the errors), "agree" (every trial
+    # agreed: see "trials"), or "not-run" with the reason.
     witness: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -123,7 +135,12 @@ class WorldSizeResult:
     verdict: str
     summary: str = ""
     outputs: list[OutputRelation] = field(default_factory=list)
-    discrepancies: list[Discrepancy] = field(default_factory=list)
+    discrepancies: list[Discrepancy] = field(default_factory=list)  # shown differences only
+    # Findings that are not shown (verdict "unproven"): the first value without a proven relation,
+    # its site, what was proven, and the numeric witness that found no difference (or why none ran).
+    # `kind` is what the localizer suspected; `message` says what is known, `details["suspected"]`
+    # the localizer's own wording.
+    unproven: list[Discrepancy] = field(default_factory=list)
     inconclusive: list[Unsupported] = field(default_factory=list)
     error: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
@@ -136,6 +153,7 @@ class WorldSizeResult:
             "summary": self.summary,
             "outputs": [o.to_dict() for o in self.outputs],
             "discrepancies": [d.to_dict() for d in self.discrepancies],
+            "unproven": [d.to_dict() for d in self.unproven],
             "inconclusive": [u.to_dict() for u in self.inconclusive],
             "error": self.error,
             "seconds": self.seconds,
@@ -150,6 +168,7 @@ class WorldSizeResult:
             summary=data.get("summary", ""),
             outputs=[OutputRelation(**o) for o in data.get("outputs", [])],
             discrepancies=[Discrepancy.from_dict(d) for d in data.get("discrepancies", [])],
+            unproven=[Discrepancy.from_dict(d) for d in data.get("unproven", [])],
             inconclusive=[Unsupported.from_dict(u) for u in data.get("inconclusive", [])],
             error=data.get("error"),
             seconds=data.get("seconds", {}),
@@ -169,7 +188,7 @@ class CheckResult:
         if self.error is not None:
             return "error"
         verdicts = {r.verdict for r in self.results}
-        for verdict in ("error", "discrepancy", "inconclusive"):
+        for verdict in VERDICT_PRECEDENCE:
             if verdict in verdicts:
                 return verdict
         return "verified" if self.results else "error"
@@ -193,14 +212,24 @@ class CheckResult:
         )
 
 
-def exit_code(checks: list[CheckResult]) -> int:
-    """0 when everything verified, 1 on a discrepancy, 2 when inconclusive or on error.
+# Exit codes of `shardproof verify`, by the verdicts of the checks run.
+EXIT_CODES = {"verified": 0, "discrepancy": 1, "inconclusive": 2, "error": 2, "unproven": 3}
+# `--fail-on LEVEL`: the verdicts that fail a run at each level (an error always fails it).
+FAIL_ON = {
+    "discrepancy": ("discrepancy",),
+    "unproven": ("discrepancy", "unproven"),
+    "inconclusive": ("discrepancy", "unproven", "inconclusive"),
+}
 
-    A discrepancy is the most specific news, so it wins over an inconclusive world size.
-    """
+
+def exit_code(checks: list[CheckResult], fail_on: str = "inconclusive") -> int:
+    """0 when everything verified, 1 on a discrepancy, 2 when inconclusive or on error, 3 when
+    unproven. A discrepancy is the most specific news, so it wins over every other verdict; an
+    error or an inconclusive world size wins over an unproven one. With `fail_on`, verdicts below
+    that level (see FAIL_ON) give 0; an error always fails."""
     verdicts = {r.verdict for c in checks for r in c.results} | {c.verdict for c in checks}
-    if "discrepancy" in verdicts:
-        return 1
-    if "error" in verdicts or "inconclusive" in verdicts:
-        return 2
+    failing = set(FAIL_ON[fail_on]) | {"error"}
+    for verdict in ("discrepancy", "error", "inconclusive", "unproven"):
+        if verdict in verdicts and verdict in failing:
+            return EXIT_CODES[verdict]
     return 0
