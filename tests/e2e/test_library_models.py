@@ -282,14 +282,14 @@ outputs = "replicated"
 
 def test_a_rank_that_fails_in_its_process_is_the_reason_no_witness_exists(same_code_project) -> None:
     found = witness(same_code_project.check("fails"), same_code_project, 2)
-    assert found["status"] == "unconfirmed"
+    assert found["status"] == "not-run"
     assert "rank 1: RuntimeError: rank 1 cannot find its checkpoint shard" in found["reason"], found
 
 
 def test_ranks_that_never_meet_are_stopped_at_the_deadline(same_code_project, monkeypatch) -> None:
     monkeypatch.setattr(numeric, "RUN_TIMEOUT_SECONDS", 5.0)
     found = witness(same_code_project.check("waits"), same_code_project, 2)
-    assert found["status"] == "unconfirmed"
+    assert found["status"] == "not-run"
     # Rank 1's extra collectives pair with rank 0's own, so both end up waiting: both are stopped.
     assert "the ranks did not finish within 5 s" in found["reason"], found
 
@@ -297,7 +297,7 @@ def test_ranks_that_never_meet_are_stopped_at_the_deadline(same_code_project, mo
 def test_a_same_code_model_too_large_to_run_says_so(same_code_project, monkeypatch) -> None:
     monkeypatch.setattr(numeric, "MAX_PARAMETER_ELEMENTS", 100)
     found = witness(same_code_project.check("mlp"), same_code_project, 2)
-    assert found["status"] == "unconfirmed"
+    assert found["status"] == "not-run"
     assert "the model has 256 parameter elements, too many to run" in found["reason"], found
 
 

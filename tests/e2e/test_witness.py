@@ -51,7 +51,7 @@ def test_static_and_numeric_verdicts_agree(name: str, tiny_root: Path, sandbox) 
             pytest.fail(f"{name}: {outcome.verdict}: {outcome.summary}")
 
 
-def test_a_model_too_large_to_run_gives_an_unconfirmed_witness_with_the_reason(
+def test_a_model_too_large_to_run_gives_no_witness_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import bug_variants
@@ -59,15 +59,15 @@ def test_a_model_too_large_to_run_gives_an_unconfirmed_witness_with_the_reason(
     project = load_project(bug_variants.materialize(bug_variants.variant("missing-all-reduce"), tmp_path / "v"))
     monkeypatch.setattr(numeric, "MAX_PARAMETER_ELEMENTS", 1000)
     found = witness(project.checks[0], project, 2)
-    assert found["status"] == "unconfirmed"
+    assert found["status"] == "not-run"
     assert "too many to run with real numbers" in found["reason"]
-    assert describe(found)[0].startswith("unconfirmed: full configuration: the model has")
+    assert describe(found)[0].startswith("not run: full configuration: the model has")
 
 
 def test_a_rank_that_fails_with_real_numbers_gives_the_reason(tiny_root: Path) -> None:
     project = load_project(tiny_root)
     found = witness(project.check("builder-raises"), project, 2)
-    assert found["status"] == "unconfirmed"
+    assert found["status"] == "not-run"
     assert "rank" in found["reason"] and "failed" in found["reason"]
 
 
@@ -75,6 +75,6 @@ def test_a_failed_run_does_not_spoil_the_next_one(tiny_root: Path) -> None:
     """The worker process lives on between verifications: a run whose rank failed (and woke the
     others) must leave the next run's collectives working."""
     project = load_project(tiny_root)
-    assert witness(project.check("builder-raises"), project, 2)["status"] == "unconfirmed"
+    assert witness(project.check("builder-raises"), project, 2)["status"] == "not-run"
     numbers = compare_numerically(project.check("ok"), project, 2)
     assert not numbers.differs, numbers.to_dict()

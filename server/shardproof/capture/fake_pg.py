@@ -8,6 +8,7 @@ parallel groups, Megatron's parallel_state); `libraries` sets it up for each ran
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import torch.distributed as dist
@@ -27,7 +28,8 @@ def fake_rank(rank: int, world_size: int) -> Iterator[None]:
 
     _destroy_if_initialized()
     reset_libraries()
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    with keep_excepthook():
+        dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
     try:
         with library_shims():
             initialise_libraries(world_size)
@@ -35,6 +37,17 @@ def fake_rank(rank: int, world_size: int) -> Iterator[None]:
     finally:
         reset_libraries()
         _destroy_if_initialized()
+
+
+@contextlib.contextmanager
+def keep_excepthook() -> Iterator[None]:
+    """`init_process_group` wraps `sys.excepthook` to prefix tracebacks with "[rank<r>]:", once per
+    call: in a process that plays every rank many times the prefixes pile up on every later error."""
+    hook = sys.excepthook
+    try:
+        yield
+    finally:
+        sys.excepthook = hook
 
 
 def group_ranks(group_name: str) -> tuple[int, ...]:

@@ -79,6 +79,8 @@ def run_gradients_and_compare(
     result.configuration = configuration
     gradients = compare_gradients(expected_gradients, [g for _, g in rank_runs], rank_roles)
     result.outputs = sorted(result.outputs + gradients, key=lambda d: not d.differs)
+    result.inputs, result.seed = "the example inputs", seed
+    result.trials = [result.trial()]
     result.seconds = time.perf_counter() - start
     return result
 

@@ -1,14 +1,20 @@
 """Run the reference and every rank of the parallel version with real numbers, in this process.
 
 Each rank runs in its own thread on torch's threaded process group (real collectives between the
-threads), in float64, on random weights and the example inputs. The outputs are compared with the
-reference's under the check's declared output relation, and optionally at one module (the one
-holding a localized discrepancy), through forward hooks.
+threads), in float64, on random weights. Each seed of weights builds every rank once and runs the
+inputs `trials.input_trials` chooses; the outputs are compared with the reference's under the
+check's declared output relation, and at one module (the one holding a localized finding)
+through forward hooks (`compare.py`). The first seed whose numbers differ ends the run.
+
+A model whose kernels refuse float64 (grouped matmuls accept float32, bfloat16 and float16 only)
+runs again in float32, with the float32 tolerance. A rank that raises in its forward pass on
+inputs the reference runs is a shown difference (in float32 too, so a dtype is never the cause);
+a rank that cannot be built or ranks that never finish are a reason there is no witness.
 
 Checks whose reference is the same code at world size 1 run each rank in its own process instead
 (`rank_processes.py`): their libraries keep model-parallel state in process globals.
 
-This is the numeric counterpart of the static proof: a discrepancy whose numbers differ is
+This is the numeric counterpart of the static proof: a finding whose numbers differ is
 *confirmed*; the suite also cross-checks that what is proven equal is numerically equal.
 """
 
@@ -16,12 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -29,72 +34,63 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..capture.fake_pg import keep_excepthook
 from ..config import declared_blocks, declared_dim
+from .compare import RELATIVE_TOLERANCE, Difference, NumericComparison, compare_runs, difference, tolerance_of
+from .trials import SEEDS, input_trials
+
+__all__ = [
+    "RELATIVE_TOLERANCE",
+    "Difference",
+    "NumericComparison",
+    "NumericRunError",
+    "compare_runs",
+    "difference",
+    "run_and_compare",
+    "run_ranks",
+]
 
 # A check's declared parameter relations: rank parameter name -> (relation, reference name, line).
 RelationOverride = Callable[[str], "tuple[str, str, int] | None"]
 
-# Relative error (to the largest reference magnitude) above which values count as different. The
-# run is in float64 on small weights: equal programs agree to ~1e-14, real bugs differ by O(1).
-RELATIVE_TOLERANCE = 1e-6
 # Larger models are not run with real numbers (memory and time); a quick configuration is used.
 MAX_PARAMETER_ELEMENTS = 64_000_000
 WEIGHT_SCALE = 0.3
 RUN_TIMEOUT_SECONDS = 120.0
-
-
-@dataclass
-class Difference:
-    where: str  # "output 0", or a module path
-    max_abs: float
-    max_rel: float
-    note: str = ""
-
-    @property
-    def differs(self) -> bool:
-        return not (self.max_rel <= RELATIVE_TOLERANCE)  # NaN differs
-
-
-@dataclass
-class NumericComparison:
-    world_size: int
-    configuration: str  # "full" or "quick"
-    outputs: list[Difference] = field(default_factory=list)
-    at_module: Difference | None = None
-    inputs: str = "the example inputs"
-    seconds: float = 0.0
-
-    @property
-    def differs(self) -> bool:
-        return any(d.differs for d in self.outputs)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON: an error that is not a number (different shapes, missing values) is null."""
-
-        def finite(value: Any) -> Any:
-            if isinstance(value, float) and not math.isfinite(value):
-                return None
-            if isinstance(value, dict):
-                return {k: finite(v) for k, v in value.items()}
-            if isinstance(value, list):
-                return [finite(v) for v in value]
-            return value
-
-        return finite(asdict(self))
+# The dtypes a witness runs in, in order: the next when the model cannot run in the previous.
+DTYPES = (torch.float64, torch.float32)
 
 
 class NumericRunError(Exception):
     """The program could not be run with real numbers; the message says why."""
 
 
-def to_float64(value: Any) -> Any:
+class RankFailure(NumericRunError):
+    """A rank raised while running: in its forward pass on `inputs` (which the reference runs),
+    or while it was built (`inputs` empty)."""
+
+    def __init__(self, message: str, inputs: str = "") -> None:
+        super().__init__(message)
+        self.inputs = inputs
+
+
+class RunTimedOut(NumericRunError):
+    """The ranks did not finish in time (no other dtype would change that)."""
+
+
+def to_dtype(value: Any, dtype: torch.dtype) -> Any:
+    """`value` with its floating tensors in `dtype`."""
     if isinstance(value, torch.Tensor):
-        return value.to(torch.float64) if value.is_floating_point() else value
+        return value.to(dtype) if value.is_floating_point() else value
     if isinstance(value, list | tuple):
-        return type(value)(to_float64(v) for v in value)
+        return type(value)(to_dtype(v, dtype) for v in value)
     if isinstance(value, dict):
-        return {k: to_float64(v) for k, v in value.items()}
+        return {k: to_dtype(v, dtype) for k, v in value.items()}
     return value
+
+
+def to_float64(value: Any) -> Any:
+    return to_dtype(value, torch.float64)
 
 
 @contextlib.contextmanager
@@ -176,81 +172,6 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor)), None)
 
 
-def difference(where: str, reference: torch.Tensor, candidate: torch.Tensor, note: str = "") -> Difference:
-    if reference.shape != candidate.shape:
-        return Difference(where, math.inf, math.inf, f"shape {list(candidate.shape)}, expected {list(reference.shape)}")
-    reference = reference.to(torch.float64)
-    error = (candidate.to(torch.float64) - reference).abs().max().item() if reference.numel() else 0.0
-    scale = reference.abs().max().item() if reference.numel() else 0.0
-    return Difference(where, error, error / max(scale, 1e-12), note)
-
-
-def _combine(reference: torch.Tensor, per_rank: list[torch.Tensor], relation: str) -> tuple[torch.Tensor, str]:
-    """What the ranks hold together, under the declared output relation."""
-    if relation == "partial":
-        return torch.stack([t.to(torch.float64) for t in per_rank]).sum(0), "sum over ranks"
-    if relation == "sharded" and any(t.shape != reference.shape for t in per_rank):
-        for dim in range(reference.dim()):
-            try:
-                joined = torch.cat(per_rank, dim=dim)
-            except RuntimeError:
-                continue
-            if joined.shape == reference.shape:
-                return joined, f"concatenated along dim {dim}"
-        return per_rank[0], "rank 0 (no dim along which the shards form the reference's shape)"
-    return per_rank[0], "every rank"  # replicated (or a sharded output that every rank holds in full)
-
-
-def _compare(where: str, reference: torch.Tensor, per_rank: list[torch.Tensor], relation: str) -> Difference:
-    combined, how = _combine(reference, per_rank, relation)
-    if how == "every rank":
-        worst = max((difference(where, reference, t) for t in per_rank), key=lambda d: (d.max_rel, d.max_abs))
-        worst.note = worst.note or "every rank holds it in full"
-        return worst
-    return difference(where, reference, combined, how)
-
-
-def input_trials(
-    reference: nn.Module, inputs: tuple[Any, ...], world_size: int, seed: int
-) -> Iterator[tuple[str, Any]]:
-    """The example inputs, then inputs that reach the places a shard boundary hides: token ids at
-    every vocabulary shard boundary, and random values."""
-    yield "the example inputs", inputs
-    # nn.Embedding and the libraries' vocabulary-parallel embeddings (at world size 1, the whole vocabulary)
-    sizes = (getattr(m, "num_embeddings", None) for m in reference.modules())
-    vocab = max((size for size in sizes if isinstance(size, int)), default=0)
-    generator = torch.Generator().manual_seed(seed + 1)
-
-    def boundary_ids(tensor: torch.Tensor) -> torch.Tensor:
-        edges = {0, vocab - 1}
-        for k in range(1, world_size):
-            edge = k * vocab // world_size
-            edges.update({edge - 1, edge})
-        values = torch.tensor(sorted(e for e in edges if 0 <= e < vocab), dtype=tensor.dtype)
-        flat = torch.randint(0, vocab, (tensor.numel(),), generator=generator, dtype=tensor.dtype)
-        flat[: min(len(values), flat.numel())] = values[: flat.numel()]
-        return flat.reshape(tensor.shape)
-
-    def random_like(tensor: Any, ids: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-        if isinstance(tensor, torch.Tensor):
-            if tensor.is_floating_point():
-                return torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
-            if vocab and tensor.dtype in (torch.int64, torch.int32) and tensor.numel() and tensor.max() < vocab:
-                return ids(tensor)
-            return tensor
-        if isinstance(tensor, list | tuple):
-            return type(tensor)(random_like(t, ids) for t in tensor)
-        return tensor
-
-    if vocab:
-        yield "token ids at every vocabulary shard boundary", random_like(inputs, boundary_ids)
-    for trial in range(2):
-        yield (
-            f"random inputs (draw {trial + 1})",
-            random_like(inputs, lambda t: torch.randint(0, vocab, t.shape, generator=generator, dtype=t.dtype)),
-        )
-
-
 def refuse_large(build: Callable[[], Any], limit: int) -> None:
     """Count the parameters without allocating them (meta, or fake tensors for builders that
     ignore the meta device); refuse a model too large to run with real numbers. A builder that
@@ -281,43 +202,99 @@ def run_and_compare(
     output_relation: str,
     module_path: str = "",
     configuration: str = "full",
-    seed: int = 0,
+    seeds: tuple[int, ...] = SEEDS,
     relation_override: RelationOverride | None = None,
+    compared: Iterable[int] = (),
 ) -> NumericComparison:
-    """Reference vs all ranks on real numbers, on the example inputs and then on inputs chosen to
-    expose boundary mistakes, stopping at the first that differs. Raises NumericRunError when the
-    program cannot be run with real numbers."""
+    """Reference vs all ranks on real numbers: every seed of random weights on the inputs
+    `input_trials` chooses, stopping at the first seed whose numbers differ. Raises
+    NumericRunError when the program cannot be run with real numbers."""
     start = time.perf_counter()
-    # User code warns about deprecated collectives etc.; the static capture reported those already.
-    with default_dtype(torch.float64), torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        reference, inputs = random_reference(build_reference, make_inputs, seed)
-        trials = (
-            (
-                description,
-                _one_trial(
-                    reference,
-                    candidate,
-                    build_parallel,
-                    world_size,
-                    output_relation,
-                    module_path,
-                    configuration,
-                    relation_override or (lambda _name: None),
-                ),
+    override = relation_override or (lambda _name: None)
+
+    def attempt(dtype: torch.dtype) -> list[NumericComparison]:
+        def compare(reference_outputs: list[Any], rank_outputs: list[list[Any]], captured: dict[str, Any]) -> Any:
+            tolerance = tolerance_of(dtype)
+            return compare_runs(
+                reference_outputs,
+                rank_outputs,
+                captured,
+                world_size,
+                output_relation,
+                module_path,
+                configuration,
+                tolerance,
             )
-            for description, candidate in input_trials(reference, to_float64(inputs), world_size, seed)
-        )
-        best = first_differing(trials)
+
+        # User code warns about deprecated collectives etc.; the static capture reported those already.
+        with default_dtype(dtype), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reference, inputs = random_reference(build_reference, make_inputs, seeds[0], dtype)
+            comparisons: list[NumericComparison] = []
+            for seed in seeds:
+                randomize(reference, seed)
+                trials = input_trials(reference, to_dtype(inputs, dtype), world_size, seed, compared)
+                found = _one_seed(reference, trials, build_parallel, world_size, override, module_path, compare)
+                for comparison in found:
+                    comparison.seed = seed
+                comparisons.extend(found)
+                if any(c.differs for c in found):
+                    break
+            return comparisons
+
+    best = in_dtypes(attempt, world_size, configuration)
     best.seconds = time.perf_counter() - start
     return best
 
 
+def in_dtypes(
+    attempt: Callable[[torch.dtype], list[NumericComparison]], world_size: int, configuration: str
+) -> NumericComparison:
+    """The witness of `attempt` in the first of DTYPES the model runs in: a model that cannot run
+    in float64, or whose rank fails in it, runs again in float32, so that a failing rank is
+    shown only when the dtype is not the cause. Raises NumericRunError when no dtype runs it."""
+    reasons: list[str] = []
+    failed: NumericComparison | None = None
+    for dtype in DTYPES:
+        name = str(dtype).removeprefix("torch.")
+        try:
+            comparisons = attempt(dtype)
+        except RunTimedOut:
+            raise  # another dtype would wait as long
+        except NumericRunError as exc:
+            reasons.append(f"in {name}: {exc}")
+            continue
+        for comparison in comparisons:
+            comparison.dtype = name
+        result = summarize(comparisons, world_size, configuration)
+        if result.failure and dtype != DTYPES[-1]:
+            reasons.append(f"in {name}: {result.failure}")
+            failed = result
+            continue
+        result.notes = [f"not run {reason}" for reason in reasons] + result.notes
+        return result
+    if failed is not None and len(reasons) == len(DTYPES) and reasons[-1].split(": ", 1)[-1] in failed.failure:
+        return failed  # the same failure in every dtype
+    messages = list(dict.fromkeys(reason.split(": ", 1)[-1] for reason in reasons))
+    raise NumericRunError(messages[0] if len(messages) == 1 else "; ".join(reasons))
+
+
+def summarize(comparisons: list[NumericComparison], world_size: int, configuration: str) -> NumericComparison:
+    """One witness from its trials: the first that differs, else the first (the example inputs of
+    the first seed), with every trial recorded."""
+    if not comparisons:
+        raise NumericRunError("the ranks ran no input")
+    best = next((c for c in comparisons if c.differs), comparisons[0])
+    best.world_size, best.configuration = world_size, configuration
+    best.trials = [c.trial() for c in comparisons]
+    return best
+
+
 def random_reference(
-    build_reference: Callable[[], Any], make_inputs: Callable[[], Any], seed: int
+    build_reference: Callable[[], Any], make_inputs: Callable[[], Any], seed: int, dtype: torch.dtype = torch.float64
 ) -> tuple[nn.Module, tuple[Any, ...]]:
-    """The reference in float64 eval mode on random weights, and the example inputs as a tuple
-    (call under `default_dtype(torch.float64)`)."""
+    """The reference in `dtype`, eval mode, on random weights, and the example inputs as a tuple
+    (call under `default_dtype(dtype)`)."""
     try:
         refuse_large(build_reference, MAX_PARAMETER_ELEMENTS)
         torch.manual_seed(seed)
@@ -329,89 +306,82 @@ def random_reference(
         raise NumericRunError(f"building the reference on real tensors failed: {exc}") from None
     if not isinstance(inputs, tuple):
         inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
-    reference.to(torch.float64).eval()
+    reference.to(dtype).eval()
     randomize(reference, seed)
     return reference, inputs
 
 
-def first_differing(trials: Iterable[tuple[str, NumericComparison]]) -> NumericComparison:
-    """The first trial whose numbers differ (later trials are not run), else the first trial;
-    each labelled with the inputs it ran on."""
-    best: NumericComparison | None = None
-    for description, comparison in trials:
-        comparison.inputs = description
-        if best is None or comparison.differs:
-            best = comparison
-        if comparison.differs:
-            break
-    if best is None:
-        raise NumericRunError("the ranks ran no input")
-    return best
+class _FailedOn(Exception):
+    """A rank's forward pass raised on one trial's inputs."""
+
+    def __init__(self, inputs: str, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.inputs = inputs
+        self.error = error
 
 
-def _one_trial(
-    reference: nn.Module,
-    inputs: tuple[Any, ...],
-    build_parallel: Callable[..., Any],
-    world_size: int,
-    output_relation: str,
-    module_path: str,
-    configuration: str,
-    relation_override: RelationOverride,
-) -> NumericComparison:
-    captured: dict[str, Any] = {}
-    hook = hook_module(reference, module_path, captured, "reference")
-    reference_outputs, _ = tree_flatten(reference(*inputs))
-    if hook is not None:
-        hook.remove()
-    copies = [copy.deepcopy(reference) for _ in range(world_size)]
-
-    def forward(module: nn.Module, rank: int) -> list[Any]:
-        with torch.no_grad():
-            hook = hook_module(module, module_path, captured, f"rank{rank}")
-            flat, _ = tree_flatten(module(*inputs))
+def run_reference(
+    reference: nn.Module, trials: list[tuple[str, Any]], module_path: str
+) -> list[tuple[str, Any, list[Any], dict[str, Any]]]:
+    """The reference on every trial: (description, inputs, flattened outputs, values captured at
+    `module_path`). Raises NumericRunError when the reference itself cannot run them."""
+    runs = []
+    for description, inputs in trials:
+        captured: dict[str, Any] = {}
+        hook = hook_module(reference, module_path, captured, "reference")
+        try:
+            outputs, _ = tree_flatten(reference(*inputs))
+        except Exception as exc:  # noqa: BLE001 - reported as the reason no witness exists
+            raise NumericRunError(
+                f"the reference fails with real numbers on {description}: {type(exc).__name__}: {exc}"
+            ) from None
+        finally:
             if hook is not None:
                 hook.remove()
-        return flat
-
-    rank_outputs = run_ranks(copies, build_parallel, world_size, relation_override, forward)
-    return compare_runs(
-        reference_outputs, rank_outputs, captured, world_size, output_relation, module_path, configuration
-    )
+        runs.append((description, inputs, outputs, captured))
+    return runs
 
 
-def compare_runs(
-    reference_outputs: list[Any],
-    rank_outputs: list[list[Any]],
-    captured: dict[str, Any],
+def _one_seed(
+    reference: nn.Module,
+    trials: list[tuple[str, Any]],
+    build_parallel: Callable[..., Any],
     world_size: int,
-    output_relation: str,
+    relation_override: RelationOverride,
     module_path: str,
-    configuration: str,
-) -> NumericComparison:
-    """The errors of every rank's flattened outputs against the reference's under the declared
-    output relation, and at `module_path` from the values `captured` under "reference" and
-    "rank<r>" (the first call of that module)."""
-    result = NumericComparison(world_size, configuration)
-    if output_relation == "last-rank":  # a pipeline: the last stage returns the outputs
-        rank_outputs, output_relation = rank_outputs[-1:], "replicated"
-    for index, expected in enumerate(reference_outputs):
-        if not isinstance(expected, torch.Tensor):
-            continue
-        per_rank = [outputs[index] if index < len(outputs) else None for outputs in rank_outputs]
-        if any(not isinstance(t, torch.Tensor) for t in per_rank):
-            result.outputs.append(Difference(f"output {index}", math.inf, math.inf, "a rank returns no such output"))
-            continue
-        result.outputs.append(_compare(f"output {index}", expected, per_rank, output_relation))
-    if module_path and "reference" in captured:
-        per_rank = [captured.get(f"rank{r}") for r in range(world_size)]
-        if all(isinstance(t, torch.Tensor) for t in per_rank):
-            result.at_module = _compare(module_path, captured["reference"], per_rank, "replicated")
-            if math.isinf(result.at_module.max_abs):
-                result.at_module.note += " (each rank holds a shard here)"
-        else:
-            result.at_module = Difference(module_path, math.nan, math.nan, "the ranks have no module of that name")
-    return result
+    compare: Callable[[list[Any], list[list[Any]], dict[str, Any]], NumericComparison],
+) -> list[NumericComparison]:
+    """Every trial of one seed: the reference runs them, every rank is built once and runs them."""
+    runs = run_reference(reference, trials, module_path)
+    copies = [copy.deepcopy(reference) for _ in range(world_size)]
+
+    def forward(module: nn.Module, rank: int) -> list[list[Any]]:
+        outputs = []
+        for description, inputs, _, captured in runs:
+            hook = hook_module(module, module_path, captured, f"rank{rank}")
+            try:
+                with torch.no_grad():
+                    flat, _ = tree_flatten(module(*inputs))
+            except Exception as exc:  # a rank that fails where the reference runs
+                raise _FailedOn(description, exc) from exc
+            finally:
+                if hook is not None:
+                    hook.remove()
+            outputs.append(flat)
+        return outputs
+
+    try:
+        per_rank = run_ranks(copies, build_parallel, world_size, relation_override, forward)
+    except RankFailure as failure:
+        if not failure.inputs:
+            raise
+        return [NumericComparison(world_size, "", inputs=failure.inputs, failure=str(failure))]
+    comparisons = []
+    for index, (description, _, reference_outputs, captured) in enumerate(runs):
+        comparison = compare(reference_outputs, [outputs[index] for outputs in per_rank], captured)
+        comparison.inputs = description
+        comparisons.append(comparison)
+    return comparisons
 
 
 def hook_module(module: nn.Module, path: str, into: dict[str, Any], key: str) -> Any:
@@ -485,7 +455,7 @@ def run_ranks(
     """Build every rank from its copy of the reference and `run(module, rank)` it, each rank on
     its own thread of the threaded process group; what each run returns, by rank."""
     outputs: list[Any] = [[] for _ in range(world_size)]
-    failures: list[str] = []
+    failures: list[tuple[str, str]] = []  # (message, the inputs a forward pass failed on, or "")
     lock = threading.Lock()
 
     def one_rank(rank: int, store: Any) -> None:
@@ -497,14 +467,17 @@ def run_ranks(
             module.eval()
             outputs[rank] = run(module, rank)
         except Exception as exc:  # noqa: BLE001 - reported as the reason no witness exists
-            with lock:
-                failures.append(f"rank {rank}: {type(exc).__name__}: {exc}")
+            shown = isinstance(exc, _FailedOn) and not harness_failure(exc.error)
+            with lock:  # the first failure is the cause: the others are ranks it woke
+                failures.append((f"rank {rank}: {exc}", exc.inputs if shown else ""))
             _wake_other_ranks(exc)
+        except SystemExit:
+            pass  # the threaded process group ends the ranks a failing rank woke this way
         finally:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
 
-    with _threaded_world() as store, _point_to_point(world_size):
+    with keep_excepthook(), _threaded_world() as store, _point_to_point(world_size):
         threads = [
             threading.Thread(target=one_rank, args=(rank, store), name=f"shardproof-rank{rank}", daemon=True)
             for rank in range(world_size)
@@ -518,10 +491,27 @@ def run_ranks(
             _wake_other_ranks(TimeoutError("shardproof: numeric run timed out"))
             for thread in threads:
                 thread.join(5.0)
-            raise NumericRunError(
+            raise RunTimedOut(
                 f"the ranks did not finish within {RUN_TIMEOUT_SECONDS:.0f} s (a collective that not every rank "
                 "calls waits forever)"
             )
     if failures:
-        raise NumericRunError("running the ranks with real numbers failed: " + "; ".join(failures[:2]))
+        message, inputs = failures[0]
+        if inputs:
+            raise RankFailure(f"{message} (the reference runs these inputs)", inputs)
+        raise RankFailure("running the ranks with real numbers failed: " + "; ".join(m for m, _ in failures[:2]))
     return outputs
+
+
+def harness_failure(error: BaseException) -> bool:
+    """Whether a rank's exception may come from running it here rather than from its program: an
+    operation the in-process process group or the threads do not implement, raised inside
+    torch.distributed or torch's testing utilities."""
+    if isinstance(error, NotImplementedError):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    return any(
+        f"torch{sep}distributed{sep}" in frame.filename or f"torch{sep}testing{sep}" in frame.filename
+        for frame in frames
+        for sep in ("/", "\\")
+    )

@@ -5,12 +5,14 @@ cannot share one process as threads (`numeric.py`). Here a host process imports 
 once and forks one child per rank; the children talk over a real gloo process group (files in a
 temporary directory as the rendezvous), so the libraries' collectives run unchanged.
 
-Each child first plays the reference: the same builder under a one-rank group, in float64, with
-the witness's random weights, run on every input trial. It then becomes its rank of the
-`world_size`-rank group, builds the model again, gives every parameter and buffer its value from
-the reference's tensor of the same name (the relation the static proof assumes: same shape is the
-same tensor, one dim `world_size` times smaller is the rank's contiguous block, declarations
-first) and runs the same trials. The host gathers what the children computed into one file the
+Each child first plays the reference: the same builder under a one-rank group, in the run's dtype,
+with each seed's random weights, run on every input trial of that seed. It then becomes its rank
+of the `world_size`-rank group, builds the model again and, for each seed, gives every parameter
+and buffer its value from the reference's tensor of the same name (the relation the static proof
+assumes: same shape is the same tensor, one dim `world_size` times smaller is the rank's
+contiguous block, declarations first) and runs the same trials.
+
+The host gathers what the children computed into one file the
 caller reads back; the comparison itself is `numeric.compare_runs`, shared with the threaded run.
 
 Forking happens before any computation, from a process that has only imported modules, so no
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -40,57 +43,88 @@ from torch.utils._pytree import tree_flatten
 
 from ..config import Check, Project, declared_shard, load_project, same_code_sharded_dim
 from . import numeric
+from .compare import tolerance_of
 from .numeric import (
     NumericComparison,
     NumericRunError,
+    RankFailure,
     RelationOverride,
+    RunTimedOut,
     compare_runs,
     default_dtype,
-    first_differing,
+    harness_failure,
     hook_module,
-    input_trials,
+    in_dtypes,
     load_declared_values,
     randomize,
     refuse_large,
-    to_float64,
+    to_dtype,
 )
+from .trials import SEEDS, input_trials
 
 # Importing torch and the libraries (Megatron-core takes ~5 s) in the host comes on top of the run.
 HOST_STARTUP_SECONDS = 60.0
+# After a rank failed, how long the others may still finish before they are stopped.
+FAILED_RANK_GRACE_SECONDS = 2.0
 
 
 def run_same_code(
-    check: Check, project: Project, world_size: int, module_path: str, configuration: str, seed: int = 0
+    check: Check,
+    project: Project,
+    world_size: int,
+    module_path: str,
+    configuration: str,
+    seeds: tuple[int, ...] = SEEDS,
+    compared: list[int] | None = None,
 ) -> NumericComparison:
     """Reference (the builder at world size 1) against every rank at `world_size`, on real numbers."""
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="shardproof-witness-") as scratch:
-        job = {
-            "pyproject": str(project.pyproject),
-            "check": check.name,
-            "configuration": configuration,
-            "world_size": world_size,
-            "module_path": module_path,
-            "seed": seed,
-            # read when called, so that a test can lower them
-            "max_parameter_elements": numeric.MAX_PARAMETER_ELEMENTS,
-            "timeout": numeric.RUN_TIMEOUT_SECONDS,
-        }
-        job_file = Path(scratch) / "job.json"
-        job_file.write_text(json.dumps(job))
-        _run_host(job_file, job["timeout"])
-        result = torch.load(Path(scratch) / "result.pt", weights_only=False)
-    if "error" in result:
-        raise NumericRunError(result["error"])
-    best = first_differing(
-        (
-            description,
-            compare_runs(
-                reference_outputs, rank_outputs, captured, world_size, check.outputs, module_path, configuration
-            ),
-        )
-        for description, reference_outputs, rank_outputs, captured in result["trials"]
-    )
+
+    def attempt(dtype: torch.dtype) -> list[NumericComparison]:
+        with tempfile.TemporaryDirectory(prefix="shardproof-witness-") as scratch:
+            job = {
+                "pyproject": str(project.pyproject),
+                "check": check.name,
+                "configuration": configuration,
+                "world_size": world_size,
+                "module_path": module_path,
+                "seeds": list(seeds),
+                "compared": list(compared or []),
+                "dtype": str(dtype).removeprefix("torch."),
+                # read when called, so that a test can lower them
+                "max_parameter_elements": numeric.MAX_PARAMETER_ELEMENTS,
+                "timeout": numeric.RUN_TIMEOUT_SECONDS,
+            }
+            job_file = Path(scratch) / "job.json"
+            job_file.write_text(json.dumps(job))
+            _run_host(job_file, job["timeout"])
+            result = torch.load(Path(scratch) / "result.pt", weights_only=False)
+        if "error" in result:
+            error = result["error"]
+            if result.get("timed_out"):
+                raise RunTimedOut(error)
+            if result.get("inputs"):
+                return [NumericComparison(world_size, configuration, inputs=result["inputs"], failure=error)]
+            raise NumericRunError(error)
+        comparisons = []
+        for seed, description, reference_outputs, rank_outputs, captured in result["trials"]:
+            comparison = compare_runs(
+                reference_outputs,
+                rank_outputs,
+                captured,
+                world_size,
+                check.outputs,
+                module_path,
+                configuration,
+                tolerance_of(dtype),
+            )
+            comparison.seed, comparison.inputs = seed, description
+            comparisons.append(comparison)
+            if comparison.differs:
+                break
+        return comparisons
+
+    best = in_dtypes(attempt, world_size, configuration)
     best.seconds = time.perf_counter() - start
     return best
 
@@ -128,6 +162,10 @@ def _host(job_file: Path) -> None:
     job = json.loads(job_file.read_text())
     try:
         result = _fork_ranks(job, scratch)
+    except RunTimedOut as exc:
+        result = {"error": str(exc), "timed_out": True}
+    except RankFailure as exc:
+        result = {"error": str(exc), "inputs": exc.inputs}
     except NumericRunError as exc:
         result = {"error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - configuration or import errors become the reason
@@ -155,26 +193,25 @@ def _fork_ranks(job: dict[str, Any], scratch: Path) -> dict[str, Any]:
                 finally:
                     os._exit(status)
             children[pid] = rank
-    failures = _wait(children, scratch, job["timeout"])
-    if failures:
-        return {"error": "running the ranks with real numbers failed: " + "; ".join(failures[:2])}
+    _wait(children, scratch, job["timeout"])
     per_rank = [torch.load(scratch / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)]
     trials = []
-    for index, (description, reference_outputs, reference_module, _, _) in enumerate(per_rank[0]["trials"]):
+    for index, (seed, description, reference_outputs, reference_module, _, _) in enumerate(per_rank[0]["trials"]):
         captured = {"reference": reference_module} if reference_module is not None else {}
         rank_outputs = []
         for rank, data in enumerate(per_rank):
-            _, _, _, outputs, at_module = data["trials"][index]
+            *_, outputs, at_module = data["trials"][index]
             rank_outputs.append(outputs)
             if at_module is not None:
                 captured[f"rank{rank}"] = at_module
-        trials.append((description, reference_outputs, rank_outputs, captured))
+        trials.append((seed, description, reference_outputs, rank_outputs, captured))
     return {"trials": trials}
 
 
-def _wait(children: dict[int, int], scratch: Path, timeout: float) -> list[str]:
+def _wait(children: dict[int, int], scratch: Path, timeout: float) -> None:
     """Wait for every rank; past the deadline the rest are killed (a collective one rank never
-    calls waits forever). The reasons of failed ranks, lowest rank first."""
+    calls waits forever). Raises for the first rank that failed (RankFailure, with the inputs its
+    forward pass failed on when the reference runs them) or for ranks that never finished."""
     deadline = time.monotonic() + timeout
     pending = dict(children)
     still_running: set[int] = set()
@@ -183,6 +220,9 @@ def _wait(children: dict[int, int], scratch: Path, timeout: float) -> list[str]:
             done, _status = os.waitpid(pid, os.WNOHANG)
             if done:
                 del pending[pid]
+        if pending and any((scratch / f"rank{rank}.error").exists() for rank in children.values()):
+            # a rank failed: the others wait for it in a collective, so stop them soon
+            deadline = min(deadline, time.monotonic() + FAILED_RANK_GRACE_SECONDS)
         if pending and time.monotonic() > deadline:
             still_running = {pending[pid] for pid in pending}
             for pid in pending:
@@ -192,21 +232,40 @@ def _wait(children: dict[int, int], scratch: Path, timeout: float) -> list[str]:
                 os.waitpid(pid, 0)
             break
         time.sleep(0.02)
-    failures = []
+    failures: list[tuple[float, str, str]] = []  # (when, message, inputs)
     for rank in sorted(children.values()):
         error_file = scratch / f"rank{rank}.error"
         if error_file.exists():
-            failures.append(f"rank {rank}: {error_file.read_text().strip()}")
+            error = json.loads(error_file.read_text())
+            failures.append((error["when"], f"rank {rank}: {error['message']}", error.get("inputs", "")))
         elif rank in still_running and not (scratch / f"rank{rank}.pt").exists():
-            failures.append(f"rank {rank}: still running at the deadline")
+            failures.append((math.inf, f"rank {rank}: still running at the deadline", ""))
         elif not (scratch / f"rank{rank}.pt").exists():
-            failures.append(f"rank {rank}: ended without a result")
-    if still_running:
-        failures.insert(
-            0,
-            f"the ranks did not finish within {timeout:.0f} s (a collective that not every rank calls waits forever)",
+            failures.append((math.inf, f"rank {rank}: ended without a result", ""))
+    if still_running and all(when == math.inf for when, _, _ in failures):
+        raise RunTimedOut(
+            f"the ranks did not finish within {timeout:.0f} s (a collective that not every rank calls waits forever)"
         )
-    return failures
+    if failures:
+        failures.sort()  # the first to fail is the cause: the others waited for it
+        _, message, inputs = failures[0]
+        if inputs:
+            raise RankFailure(f"{message} (the reference runs these inputs)", inputs)
+        raise RankFailure("running the ranks with real numbers failed: " + "; ".join(m for _, m, _ in failures[:2]))
+
+
+class _FailedOn(Exception):
+    """A rank's forward pass raised on one trial's inputs."""
+
+    def __init__(self, inputs: str, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}{_where(error)}")
+        self.inputs = inputs
+        self.error = error
+
+
+def _where(error: BaseException) -> str:
+    where = traceback.extract_tb(error.__traceback__)[-1:]
+    return f" ({Path(where[0].filename).name}:{where[0].lineno})" if where else ""
 
 
 def _rank_main(
@@ -218,16 +277,21 @@ def _rank_main(
     job: dict[str, Any],
     scratch: Path,
 ) -> None:
+    dtype = getattr(torch, job["dtype"])
     try:
-        with default_dtype(torch.float64), torch.no_grad(), warnings.catch_warnings(), _quiet():
+        with default_dtype(dtype), torch.no_grad(), warnings.catch_warnings(), _quiet():
             warnings.simplefilter("ignore")
             _run_rank(rank, world_size, build, make_inputs, relation_override, job, scratch)
-    except NumericRunError as exc:
-        (scratch / f"rank{rank}.error").write_text(str(exc))
     except BaseException as exc:  # noqa: BLE001 - reported as the reason no witness exists
-        where = traceback.extract_tb(exc.__traceback__)[-1:]
-        at = f" ({Path(where[0].filename).name}:{where[0].lineno})" if where else ""
-        (scratch / f"rank{rank}.error").write_text(f"{type(exc).__name__}: {exc}{at}")
+        error: dict[str, Any] = {"when": time.time()}
+        if isinstance(exc, _FailedOn):
+            error["message"] = str(exc)
+            error["inputs"] = "" if harness_failure(exc.error) else exc.inputs
+        elif isinstance(exc, NumericRunError):
+            error["message"] = str(exc)
+        else:
+            error["message"] = f"{type(exc).__name__}: {exc}{_where(exc)}"
+        (scratch / f"rank{rank}.error").write_text(json.dumps(error))
 
 
 def _run_rank(
@@ -241,43 +305,62 @@ def _run_rank(
 ) -> None:
     from ..capture.libraries import initialise_libraries, library_shims, reset_libraries
 
-    seed: int = job["seed"]
+    seeds: list[int] = job["seeds"]
     module_path: str = job["module_path"]
+    dtype = getattr(torch, job["dtype"])
 
     # The reference: the same code as the only rank of a one-rank group.
     with _group(scratch / f"reference{rank}.store", 0, 1), library_shims("cpu"):
         initialise_libraries(1)
         refuse_large(build, job["max_parameter_elements"])
-        torch.manual_seed(seed)
+        torch.manual_seed(seeds[0])
         reference = _built(build, "building the model at world size 1")
-        reference.to(torch.float64).eval()
-        randomize(reference, seed)
+        reference.to(dtype).eval()
         inputs = make_inputs()
-        inputs = to_float64(inputs if isinstance(inputs, tuple) else (inputs,))
+        inputs = to_dtype(inputs if isinstance(inputs, tuple) else (inputs,), dtype)
         reference_runs = []
-        for description, candidate in input_trials(reference, inputs, world_size, seed):
-            captured: dict[str, Any] = {}
-            hook = hook_module(reference, module_path, captured, "reference")
-            outputs, _ = tree_flatten(reference(*candidate))
-            if hook is not None:
-                hook.remove()
-            reference_runs.append((description, candidate, outputs, captured.get("reference")))
+        weights = {}
+        for seed in seeds:
+            randomize(reference, seed)
+            weights[seed] = [p.detach().clone() for p in reference.parameters()]
+            for description, candidate in input_trials(reference, inputs, world_size, seed, job["compared"]):
+                captured: dict[str, Any] = {}
+                hook = hook_module(reference, module_path, captured, "reference")
+                try:
+                    outputs, _ = tree_flatten(reference(*candidate))
+                except Exception as exc:  # noqa: BLE001 - reported as the reason no witness exists
+                    raise NumericRunError(
+                        f"the reference fails with real numbers on {description}: {type(exc).__name__}: {exc}"
+                    ) from None
+                finally:
+                    if hook is not None:
+                        hook.remove()
+                reference_runs.append((seed, description, candidate, outputs, captured.get("reference")))
         reset_libraries()
 
     with _group(scratch / "ranks.store", rank, world_size), library_shims("cpu"):
         initialise_libraries(world_size)
-        torch.manual_seed(seed)
+        torch.manual_seed(seeds[0])
         module = _built(build, f"building rank {rank}")
-        module.to(torch.float64).eval()
-        load_reference_values(module, reference, relation_override, rank, world_size)
+        module.to(dtype).eval()
         trials = []
-        for description, candidate, reference_outputs, reference_module in reference_runs:
+        loaded = None
+        for seed, description, candidate, reference_outputs, reference_module in reference_runs:
+            if seed != loaded:
+                for parameter, value in zip(reference.parameters(), weights[seed], strict=True):
+                    parameter.data.copy_(value)
+                load_reference_values(module, reference, relation_override, rank, world_size)
+                loaded = seed
             captured = {}
             hook = hook_module(module, module_path, captured, "rank")
-            outputs, _ = tree_flatten(module(*candidate))
-            if hook is not None:
-                hook.remove()
-            trials.append((description, reference_outputs, reference_module, outputs, captured.get("rank")))
+            try:
+                outputs, _ = tree_flatten(module(*candidate))
+            except Exception as exc:  # a rank that fails where the reference runs
+                raise _FailedOn(description, exc) from exc
+            finally:
+                if hook is not None:
+                    hook.remove()
+            trials.append((seed, description, reference_outputs, reference_module, outputs, captured.get("rank")))
         # before the group is torn down: a rank that finished must not be blamed for one that waits
         torch.save({"trials": trials}, scratch / f"rank{rank}.pt")
         reset_libraries()

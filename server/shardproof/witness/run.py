@@ -9,7 +9,7 @@ from typing import Any
 from ..config import Check, Project
 from ..errors import ShardproofError
 from ..graph.model import GradientRole
-from .numeric import RELATIVE_TOLERANCE, NumericComparison, NumericRunError, run_and_compare
+from .numeric import NumericComparison, NumericRunError, run_and_compare
 
 Load = Callable[[str | None, str], Any]  # ("module:function" or None, its role) -> the callable or None
 
@@ -30,15 +30,21 @@ def _user_code(check: Check, project: Project) -> Iterator[tuple[tuple[Any, Any,
 
 
 def compare_numerically(
-    check: Check, project: Project, world_size: int, module_path: str = "", configuration: str = "full"
+    check: Check,
+    project: Project,
+    world_size: int,
+    module_path: str = "",
+    configuration: str = "full",
+    compared: list[int] | None = None,
 ) -> NumericComparison:
-    """Run `check` (or its quick configuration) at `world_size` with real numbers."""
+    """Run `check` (or its quick configuration) at `world_size` with real numbers, on every seed
+    and input trial (`trials.py`; `compared`: the integers the programs compare against)."""
     chosen = check.for_mode(configuration)
     if chosen.same_code_reference:
         # fairscale and Megatron keep process-global model-parallel state: one process per rank
         from .rank_processes import run_same_code
 
-        return run_same_code(check, project, world_size, module_path, configuration)
+        return run_same_code(check, project, world_size, module_path, configuration, compared=compared)
     with _user_code(chosen, project) as ((build_reference, make_inputs, build_parallel), _):
         return run_and_compare(
             build_reference,
@@ -49,6 +55,7 @@ def compare_numerically(
             module_path=module_path,
             configuration=configuration,
             relation_override=chosen.relation_override,
+            compared=compared or (),
         )
 
 
@@ -85,14 +92,16 @@ def witness(
     module_path: str = "",
     kind: str = "",
     rank_roles: list[list[GradientRole | None]] | None = None,
+    compared: list[int] | None = None,
 ) -> dict[str, Any]:
-    """The numeric witness of a discrepancy of `kind` found at `world_size`: "confirmed" with the
-    errors at the outputs (or, with `rank_roles`, at the parameter gradients) and at the
-    localized module, or "unconfirmed" with the reason."""
+    """The numeric witness of a finding of `kind` at `world_size`: "confirmed" with the errors at
+    the outputs (or, with `rank_roles`, at the parameter gradients), at the localized module, or
+    the rank that fails; "agree" when every trial agreed (the trials are listed); "not-run" with
+    the reason. Never raises: whatever stops the run is the reason."""
     if kind == "collective-mismatch":
         # Ranks that disagree on their collectives would wait for each other forever.
         return {
-            "status": "unconfirmed",
+            "status": "not-run",
             "reason": "the ranks make different collective calls, so a run with real numbers would hang",
         }
     # the gradients run in the full configuration only (the quick one is a forward check)
@@ -103,20 +112,22 @@ def witness(
             if rank_roles is not None:
                 comparison = compare_gradients_numerically(check, project, world_size, rank_roles)
             else:
-                comparison = compare_numerically(check, project, world_size, module_path, configuration)
+                comparison = compare_numerically(check, project, world_size, module_path, configuration, compared)
         except (NumericRunError, ShardproofError) as exc:
             reasons.append(f"{configuration} configuration: {getattr(exc, 'message', None) or exc}")
             continue
+        except Exception as exc:  # noqa: BLE001 - a witness never takes the verification down
+            reasons.append(f"{configuration} configuration: {type(exc).__name__}: {exc}")
+            continue
         data = comparison.to_dict()
-        data["tolerance"] = RELATIVE_TOLERANCE
         if comparison.differs:
             data["status"] = "confirmed"
             return data
-        data["status"] = "unconfirmed"
+        data["status"] = "agree"
+        what = "gradients" if rank_roles is not None else "outputs"
         data["reason"] = (
-            f"on random weights and the example inputs the {'gradients' if rank_roles is not None else 'outputs'} "
-            f"agree within {RELATIVE_TOLERANCE:g} "
-            f"(relative); the difference may need other inputs or weights"
+            f"the {what} agree within {comparison.tolerance:g} (relative) on {len(comparison.trials)} "
+            f"trial{'' if len(comparison.trials) == 1 else 's'}"
         )
         return data
-    return {"status": "unconfirmed", "reason": "; ".join(reasons) or "no configuration could be run"}
+    return {"status": "not-run", "reason": "; ".join(reasons) or "no configuration could be run"}
