@@ -1,7 +1,4 @@
-"""`shardproof verify`: prove each declared check at each world size, or point at the line that breaks it.
-
-Exit codes: 0 all verified, 1 a discrepancy, 2 inconclusive or an error.
-"""
+"""`shardproof verify`: prove each declared check at each world size, or point at the line that breaks it."""
 
 from __future__ import annotations
 
@@ -17,7 +14,36 @@ from typing import TextIO
 from . import __version__
 from .config import Project, load_project
 from .errors import ShardproofError
-from .results import CheckResult, exit_code
+from .results import FAIL_ON, CheckResult, exit_code
+
+VERIFY_DESCRIPTION = """\
+Verify the checks declared under [tool.shardproof] in pyproject.toml: each parallel program is
+captured per rank, related to its sequential reference and proven equal, or the line that breaks
+it is reported, backed by real numbers (the numeric witness).
+
+verdicts (per check and world size):
+  ✔ verified      proven equal to the reference
+  ✘ discrepancy   a difference is shown: real numbers differ, a rank fails where the reference
+                  runs, or the ranks' collective calls cannot pair up
+  ⚠ unproven      neither proven nor shown: the report names the first value without a proven
+                  relation and its line, and what the numbers said on every trial
+  ? inconclusive  a saturation bound was hit or an operation is not supported
+  ! error         the declaration or your code failed before anything was verified
+"""
+
+VERIFY_EPILOG = """\
+exit codes:
+  0  every check verified (or nothing at or above the --fail-on level)
+  1  a discrepancy
+  2  inconclusive, or an error (an error always fails the run)
+  3  unproven
+  The most specific wins: 1 over 2 over 3.
+
+--fail-on LEVEL (for CI):
+  discrepancy   fail only on a discrepancy (or an error)
+  unproven      fail on a discrepancy or an unproven check (or an error)
+  inconclusive  fail on anything not verified (the default)
+"""
 
 
 class Progress:
@@ -51,7 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"shardproof {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    verify = sub.add_parser("verify", help="verify the checks declared in pyproject.toml")
+    verify = sub.add_parser(
+        "verify",
+        help="verify the checks declared in pyproject.toml",
+        description=VERIFY_DESCRIPTION,
+        epilog=VERIFY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     verify.add_argument(
         "--project",
         type=Path,
@@ -87,6 +119,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="capture up to N ranks and saturate up to N verification units at once (default: one per core, "
         "or $SHARDPROOF_JOBS)",
+    )
+    verify.add_argument(
+        "--fail-on",
+        choices=list(FAIL_ON),
+        default="inconclusive",
+        metavar="LEVEL",
+        help="the least severe verdict that fails the run: discrepancy, unproven or inconclusive (default); "
+        "verdicts below it exit 0",
+    )
+    verify.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the verdicts (auto: when stdout is a terminal and NO_COLOR is not set)",
     )
     verify.add_argument("--json", action="store_true", help="print the results as JSON")
     verify.add_argument("--sarif", type=Path, metavar="FILE", help="also write SARIF 2.1.0 to FILE")
@@ -149,7 +195,7 @@ def verify(args: argparse.Namespace) -> int:
         print("shardproof: interrupted", file=sys.stderr)
         return 130
     progress.clear()
-    code = exit_code(results)
+    code = exit_code(results, args.fail_on)
     root = project.root
     if args.sarif:
         from .report import sarif
@@ -166,7 +212,10 @@ def verify(args: argparse.Namespace) -> int:
     else:
         from .report import text
 
-        sys.stdout.write(text.render(results, root))
+        colour = args.color == "always" or (
+            args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        )
+        sys.stdout.write(text.render(results, root, colour))
     return code
 
 

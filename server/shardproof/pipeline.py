@@ -16,6 +16,7 @@ from .config import Check, Project
 from .errors import CollectiveCallError, ShardproofError
 from .localize.diagnose import Evidence, explain
 from .localize.sites import to_site
+from .localize.unproven import as_unproven, shown
 from .results import CheckResult, Discrepancy, Unsupported, WorldSizeResult
 from .verify.cache import cached_result, result_key, store_result
 from .verify.cache import saturate as saturate_cached
@@ -96,14 +97,17 @@ def verify_check(
                 reused.stats["reused"] = True
                 result.results.append(reused)
                 continue
-            outcome = _verify_world_size(
-                capture, check, world_size, sandbox, notify, numeric_witness, memoize, partition
-            )
+            try:
+                outcome = _verify_world_size(
+                    capture, check, world_size, sandbox, notify, numeric_witness, memoize, partition
+                )
+            except Exception as exc:  # noqa: BLE001 - a bug of ours is a reported error, never a crash
+                outcome = _internal_error(world_size, exc)
             if outcome is None:  # the reference itself failed: the check's error
                 result.error = capture.reference_error
                 return result
             result.results.append(outcome)
-            if key is not None and outcome.verdict in ("verified", "discrepancy", "inconclusive"):
+            if key is not None and outcome.verdict in ("verified", "discrepancy", "unproven", "inconclusive"):
                 files = capture.dependencies(capture.captured)
                 store_result(key, outcome.to_dict(), files, environment.names_read(), environment_at_start)
     finally:
@@ -140,6 +144,16 @@ def _verify_world_size(
     return verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness, partition)
 
 
+def _internal_error(world_size: int, exc: Exception) -> WorldSizeResult:
+    """A failure of shardproof itself (not of the user's code) at one world size, reported as an
+    error of that world size with its traceback, so the other world sizes and checks still run."""
+    import traceback
+
+    message = f"shardproof failed while verifying ({type(exc).__name__}: {exc}); please report it with the detail"
+    error = {"kind": "InternalError", "message": message, "site": None, "detail": traceback.format_exc()}
+    return WorldSizeResult(world_size, "error", summary=message, error=error)
+
+
 def _collective_call_discrepancy(exc: CollectiveCallError, world_size: int, seconds: float) -> WorldSizeResult:
     """A collective call every real run rejects, as a discrepancy at the call."""
     primary = to_site(exc.site)
@@ -149,7 +163,7 @@ def _collective_call_discrepancy(exc: CollectiveCallError, world_size: int, seco
         primary,
         suggestion="make every rank's split sizes pair up: what rank i sends to rank j is what rank j receives "
         "from rank i (the combine of a dispatch swaps them)",
-        witness={"status": "unconfirmed", "reason": "the call fails before any output exists"},
+        witness={"status": "not-run", "reason": "the call fails before any output exists"},
     )
     return WorldSizeResult(
         world_size, "discrepancy", summary=exc.message, discrepancies=[finding], seconds={"capture": seconds}
@@ -258,30 +272,46 @@ def verify_world_size(
         factors=unit.factors,
     )
     finding = explain(evidence, failing)
-    if isinstance(finding, Discrepancy):
-        result.verdict = "discrepancy"
-        result.discrepancies.append(finding)
-        result.summary = finding.message
-        seconds["localization"] = time.perf_counter() - start
-        if numeric_witness:
-            from .witness.run import witness  # imports torch: only here, in the worker
-
-            progress(check.name, world_size, "numeric witness")
-            start = time.perf_counter()
-            reference_node = captured.reference.graph.node_map().get(finding.reference_node)
-            module_path = reference_node.module_path if reference_node is not None else ""
-            # a gradients check runs its training steps: their outputs and every gradient
-            gradients = bool(captured.reference.graph.gradient_roles)
-            rank_roles = [r.graph.gradient_roles for r in captured.ranks] if gradients else None
-            finding.witness = witness(check, capture.project, world_size, module_path, finding.kind, rank_roles)
-            seconds["witness"] = time.perf_counter() - start
-            return result
-    else:
+    seconds["localization"] = time.perf_counter() - start
+    if isinstance(finding, Unsupported):
         result.verdict = "inconclusive"
         result.inconclusive.append(finding)
         result.summary = finding.message
-    seconds["localization"] = time.perf_counter() - start
+        return result
+    if numeric_witness:
+        progress(check.name, world_size, "numeric witness")
+        start = time.perf_counter()
+        finding.witness = _witness(finding, check, capture.project, captured, world_size)
+        seconds["witness"] = time.perf_counter() - start
+    else:
+        finding.witness = {"status": "not-run", "reason": "the numeric witness was not run"}
+    if shown(finding):
+        result.verdict = "discrepancy"
+        result.discrepancies.append(finding)
+        result.summary = finding.message
+        return result
+    compared_ranks = evidence.outputs_of if evidence.outputs_of is not None else list(range(len(ranks)))
+    unproven = as_unproven(finding, captured.reference.graph, index, compared_ranks)
+    result.verdict = "unproven"
+    result.unproven.append(unproven)
+    result.summary = unproven.message
     return result
+
+
+def _witness(
+    finding: Discrepancy, check: Check, project: Project, captured: CaptureResult, world_size: int
+) -> dict[str, object]:
+    """Real numbers for `finding`: at the module holding its reference value, on inputs that try
+    the integers the programs compare against; a gradients check runs its training steps."""
+    from .witness.run import witness  # imports torch: only here, in the worker
+    from .witness.trials import compared_constants
+
+    graphs = [captured.reference.graph, *(r.graph for r in captured.ranks)]
+    reference_node = captured.reference.graph.node_map().get(finding.reference_node)
+    module_path = reference_node.module_path if reference_node is not None else ""
+    gradients = bool(captured.reference.graph.gradient_roles)
+    rank_roles = [r.graph.gradient_roles for r in captured.ranks] if gradients else None
+    return witness(check, project, world_size, module_path, finding.kind, rank_roles, compared_constants(graphs))
 
 
 def _summary(outputs: list[OutputRelation]) -> str:

@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..results import DISCREPANCY_KINDS, CheckResult, Site
+from ..results import DISCREPANCY_KINDS, CheckResult, Discrepancy, Site
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 HELP_URI = "https://github.com/shardproof/shardproof#discrepancy-kinds"
 _EXTRA_RULES = {
+    "unproven": "neither proven equal nor a shown difference: the first value without a proven relation, "
+    "and what the numeric witness found",
     "inconclusive": "the check could not be completed (an unsupported operation or a resource bound)",
     "error": "the declaration or the user's code failed before verification",
 }
@@ -72,6 +74,25 @@ def _result(rule: str, level: str, text: str, site: Site | None, root: Path | No
     }
 
 
+def _finding(d: Discrepancy, rule: str, level: str, prefix: str, root: Path | None) -> dict[str, Any]:
+    """A discrepancy (an error) or an unproven finding (a warning) with its related locations."""
+    entry: dict[str, Any] = {
+        "ruleId": rule,
+        "level": level,
+        "message": {"text": f"{prefix}: {d.message}"},
+        "locations": [_location(d.primary, root)] if d.primary else [],
+        "partialFingerprints": {"shardproofDiscrepancy/v1": d.id},
+    }
+    related = ([_location(d.reference, root, "reference")] if d.reference else []) + [
+        _location(s, root, s.note) for s in d.related
+    ]
+    for i, location in enumerate(related):
+        location["id"] = i
+    if related:
+        entry["relatedLocations"] = related
+    return entry
+
+
 def render(checks: list[CheckResult], root: Path | None = None) -> dict[str, Any]:
     rules = [
         {"id": kind, "shortDescription": {"text": text}, "helpUri": f"{HELP_URI}-{kind}"}
@@ -85,20 +106,10 @@ def render(checks: list[CheckResult], root: Path | None = None) -> dict[str, Any
         for result in check.results:
             prefix = f"{check.name} (world size {result.world_size})"
             for d in result.discrepancies:
-                entry: dict[str, Any] = {
-                    "ruleId": d.kind,
-                    "level": "error",
-                    "message": {"text": f"{prefix}: {d.message}"},
-                    "locations": [_location(d.primary, root)] if d.primary else [],
-                    "partialFingerprints": {"shardproofDiscrepancy/v1": d.id},
-                }
-                related = ([_location(d.reference, root, "reference")] if d.reference else []) + [
-                    _location(s, root, s.note) for s in d.related
-                ]
-                for i, location in enumerate(related):
-                    location["id"] = i
-                if related:
-                    entry["relatedLocations"] = related
+                results.append(_finding(d, d.kind, "error", prefix, root))
+            for d in result.unproven:
+                entry = _finding(d, "unproven", "warning", prefix, root)
+                entry["properties"] = {"suspected": d.kind, "witness": (d.witness or {}).get("status", "not-run")}
                 results.append(entry)
             for u in result.inconclusive:
                 results.append(_result("inconclusive", "warning", f"{prefix}: {u.message}", u.site, root))

@@ -17,6 +17,7 @@ The directory is `$SHARDPROOF_CACHE_DIR`, else `$XDG_CACHE_HOME/shardproof`, els
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -115,7 +116,7 @@ _LIBRARIES = ("torch", "egglog", "transformers", "accelerate", "fairscale", "meg
 
 def result_key(declaration: str, world_size: int, mode: str) -> str:
     digest = hashlib.sha256()
-    versions = [_version("shardproof"), RULE_LIBRARY_VERSION] + [_version(name) for name in _LIBRARIES]
+    versions = [_version("shardproof"), _own_code(), RULE_LIBRARY_VERSION] + [_version(name) for name in _LIBRARIES]
     for part in (declaration, str(world_size), mode, *versions):
         digest.update(part.encode())
         digest.update(b"\0")
@@ -163,6 +164,18 @@ def _file_digest(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+@functools.cache
+def _own_code() -> str:
+    """A digest of shardproof's own source: an editable install changes it without a new version,
+    and a verdict is computed by that code."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update((_file_digest(path) or "-").encode())
+    return digest.hexdigest()
 
 
 def _version(name: str) -> str:

@@ -1,0 +1,83 @@
+"""A finding that is not shown, reported as what it is: not proven.
+
+The localizer names the first reference value that no rank value is proven to relate to, and
+guesses why (a missing all-reduce, a wrong shard, ...). Only real numbers that differ, or a proof
+that the ranks' collective calls cannot pair up, show that guess to be a mistake. When neither
+does, the report says what is known instead: how far the proof went (how many of the reference's
+values are related on every rank, and how the first unrelated value's inputs relate), where the
+first value without a relation is computed, what the numbers said, and what the user can do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..graph.model import Graph
+from ..results import Discrepancy
+from ..verify.relations_found import RelationIndex
+from .diagnose import _describe_op
+
+# Kinds that a proof shows without numbers: ranks whose collective calls cannot pair up.
+SHOWN_BY_PROOF = ("collective-mismatch",)
+
+
+def shown(finding: Discrepancy) -> bool:
+    """Whether `finding` is a shown difference: proven structurally, or confirmed by numbers."""
+    return finding.kind in SHOWN_BY_PROOF or (finding.witness or {}).get("status") == "confirmed"
+
+
+def proven_extent(reference: Graph, index: RelationIndex, ranks: list[int]) -> tuple[int, int]:
+    """(values related on every compared rank, values) of the reference's computed values."""
+    values = [node.id for node in reference.nodes]
+    related = sum(all(index.related(value, rank) for rank in ranks) for value in values)
+    return related, len(values)
+
+
+def as_unproven(finding: Discrepancy, reference: Graph, index: RelationIndex | None, ranks: list[int]) -> Discrepancy:
+    """`finding` restated as not proven: same site and suspected kind, a message that claims only
+    what was shown, and what to do about it."""
+    nodes = reference.node_map()
+    node = nodes.get(finding.reference_node)
+    what = f"the reference's {_describe_op(node)}" if node is not None else "an output of the reference"
+    where = f" ({finding.reference.short()})" if finding.reference is not None else ""
+    on = ", ".join(str(r) for r in (finding.ranks or ranks))
+    parts = [f"not proven: {what}{where} has no proven counterpart on rank{'s' if ',' in on else ''} {on}"]
+    if index is not None:
+        related, total = proven_extent(reference, index, ranks)
+        proven = f"{related} of the reference's {total} values are proven related on every rank"
+        inputs = _input_relations(node.inputs if node is not None else (), reference, index, ranks[0] if ranks else 0)
+        parts.append(f"{proven}, and its inputs on rank {ranks[0] if ranks else 0} are {inputs}" if inputs else proven)
+    witness = finding.witness or {}
+    if witness.get("status") == "agree":
+        trials = len(witness.get("trials") or [None])
+        parts.append(f"the numbers agree on {trials} trial{'' if trials == 1 else 's'}")
+    elif witness:
+        parts.append(f"no numeric witness: {witness.get('reason', 'not run')}")
+    details = dict(finding.details)
+    details["suspected"] = finding.message
+    details["suspected_fix"] = finding.suggestion
+    return replace(
+        finding,
+        message="; ".join(parts),
+        suggestion=(
+            "if the code is right, declare what shardproof cannot infer (a parameter's relation under "
+            "[tool.shardproof.check.parameters]) or report the pattern at this line so a rule can cover it; "
+            "if it may be wrong, the suspected mistake is worth a look"
+        ),
+        details=details,
+    )
+
+
+def _input_relations(inputs: tuple[str, ...], reference: Graph, index: RelationIndex, rank: int) -> str:
+    """How rank `rank` holds each input of the first unrelated value: "input 0: the full value
+    (replicated); input 1: no relation"."""
+    described = []
+    for position, value in enumerate(inputs):
+        relations = index.relations(value, rank)
+        try:
+            shape: tuple[int, ...] | None = reference.meta_of(value).shape
+        except KeyError:
+            shape = None
+        held = relations[0][0].describe(shape) if relations else "no relation"
+        described.append(f"{held} (input {position})")
+    return "; ".join(described[:4])
