@@ -64,7 +64,10 @@ _INFRASTRUCTURE = (
 def _skipped_prefixes() -> tuple[str, ...]:
     import torch
 
-    roots = {os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"], os.path.dirname(contextlib.__file__)}
+    paths = sysconfig.get_paths()
+    # the environment's scripts (the `shardproof` console script, pytest's) start the process: never
+    # where a model's operation is, even when the model has no frame of its own (a bare nn.Embedding)
+    roots = {os.path.dirname(torch.__file__), paths["stdlib"], os.path.dirname(contextlib.__file__), paths["scripts"]}
     for key in ("purelib", "platlib"):
         site_packages = sysconfig.get_paths()[key]
         roots.update(os.path.join(site_packages, name) for name in _INFRASTRUCTURE)

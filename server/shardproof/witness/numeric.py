@@ -267,14 +267,15 @@ def in_dtypes(
         for comparison in comparisons:
             comparison.dtype = name
         result = summarize(comparisons, world_size, configuration)
+        if result.failure and failed is not None:
+            failed.notes.append(f"it fails in {name} too: {result.failure}")
+            return failed  # the first dtype's failure, shown in every dtype
         if result.failure and dtype != DTYPES[-1]:
             reasons.append(f"in {name}: {result.failure}")
             failed = result
             continue
         result.notes = [f"not run {reason}" for reason in reasons] + result.notes
         return result
-    if failed is not None and len(reasons) == len(DTYPES) and reasons[-1].split(": ", 1)[-1] in failed.failure:
-        return failed  # the same failure in every dtype
     messages = list(dict.fromkeys(reason.split(": ", 1)[-1] for reason in reasons))
     raise NumericRunError(messages[0] if len(messages) == 1 else "; ".join(reasons))
 

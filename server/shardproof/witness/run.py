@@ -10,6 +10,7 @@ from ..config import Check, Project
 from ..errors import ShardproofError
 from ..graph.model import GradientRole
 from .numeric import NumericComparison, NumericRunError, run_and_compare
+from .trials import SEEDS
 
 Load = Callable[[str | None, str], Any]  # ("module:function" or None, its role) -> the callable or None
 
@@ -36,6 +37,7 @@ def compare_numerically(
     module_path: str = "",
     configuration: str = "full",
     compared: list[int] | None = None,
+    seeds: tuple[int, ...] = SEEDS,
 ) -> NumericComparison:
     """Run `check` (or its quick configuration) at `world_size` with real numbers, on every seed
     and input trial (`trials.py`; `compared`: the integers the programs compare against)."""
@@ -44,7 +46,7 @@ def compare_numerically(
         # fairscale and Megatron keep process-global model-parallel state: one process per rank
         from .rank_processes import run_same_code
 
-        return run_same_code(check, project, world_size, module_path, configuration, compared=compared)
+        return run_same_code(check, project, world_size, module_path, configuration, seeds, compared)
     with _user_code(chosen, project) as ((build_reference, make_inputs, build_parallel), _):
         return run_and_compare(
             build_reference,
@@ -56,6 +58,7 @@ def compare_numerically(
             configuration=configuration,
             relation_override=chosen.relation_override,
             compared=compared or (),
+            seeds=seeds,
         )
 
 
