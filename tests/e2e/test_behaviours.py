@@ -162,3 +162,27 @@ def test_collectives_are_captured_as_nodes_with_group_and_site(tiny, tiny_root) 
         "broadcast": ["broadcast"],
         "all-to-all": ["all_to_all", "all_gather"],
     }
+
+
+def test_a_rank_that_fails_with_real_numbers_where_the_reference_runs_is_a_shown_discrepancy(
+    tiny, sandbox, tiny_root
+) -> None:
+    """The unmasked vocabulary-parallel lookup captures fine on meta tensors, but with real token
+    ids the other ranks' ids index past the rank's table: a rank fails where the reference runs."""
+    (outcome,) = run(tiny, "unmasked-embedding", sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    witness = outcome.discrepancies[0].witness
+    assert witness["status"] == "confirmed" and witness["dtype"] == "float64", witness
+    assert "IndexError: index out of range" in witness["failure"], witness
+    assert "fails in float32 too" in witness["notes"][0]
+    assert outcome.discrepancies[0].primary.line == line_of(tiny_root / "tinymlp/parallel.py", "F.embedding(ids")
+
+
+def test_correct_code_the_rules_cannot_prove_is_unproven_never_a_discrepancy(tiny, sandbox, tiny_root) -> None:
+    (outcome,) = run(tiny, "bias-on-first-rank", sandbox).results
+    assert outcome.verdict == "unproven" and not outcome.discrepancies, outcome.summary
+    (finding,) = outcome.unproven
+    assert finding.message.startswith("not proven: the reference's add")
+    assert "the numbers agree on" in finding.message
+    assert finding.primary.line == line_of(tiny_root / "tinymlp/parallel.py", "self.down_b if self.rank == 0 else None")
+    assert finding.details["suspected"] and finding.witness["status"] == "agree"

@@ -106,3 +106,36 @@ def test_one_process_at_a_time_gives_the_same_results(example_root: Path) -> Non
         ("verified", 5)
     ]
     assert shardproof("verify", "--jobs", "0", cwd=example_root).returncode == 2
+
+
+def test_unproven_exit_code_json_sarif_and_fail_on(tiny_root: Path, tmp_path: Path) -> None:
+    """A correct program the rules cannot prove yet (the bias added on rank 0 only): exit code 3,
+    `unproven` in JSON with the witness's trials, a SARIF warning, and `--fail-on discrepancy`
+    lets it pass."""
+    sarif_path = tmp_path / "out.sarif"
+    run = shardproof("verify", "--check", "bias-on-first-rank", "--json", "--sarif", str(sarif_path), cwd=tiny_root)
+    assert run.returncode == 3, run.stderr
+    payload = json.loads(run.stdout)
+    assert payload["exit_code"] == 3
+    (check,) = payload["checks"]
+    (world,) = check["world_sizes"]
+    assert check["verdict"] == world["verdict"] == "unproven" and world["discrepancies"] == []
+    (finding,) = world["unproven"]
+    assert finding["primary"]["file"].endswith("tinymlp/parallel.py")
+    assert finding["witness"]["status"] == "agree" and len(finding["witness"]["trials"]) >= 6
+    assert {t["seed"] for t in finding["witness"]["trials"]} == {0, 1, 2}
+    assert not any(t["differs"] for t in finding["witness"]["trials"])
+    (result,) = json.loads(sarif_path.read_text())["runs"][0]["results"]
+    assert (result["ruleId"], result["level"]) == ("unproven", "warning")
+    text = shardproof("verify", "--check", "bias-on-first-rank", "--fail-on", "discrepancy", cwd=tiny_root)
+    assert text.returncode == 0, text.stderr
+    assert "bias-on-first-rank: ⚠ unproven" in text.stdout and "witness:   no difference found" in text.stdout
+    strict = shardproof("verify", "--check", "bias-on-first-rank", "--fail-on", "unproven", cwd=tiny_root)
+    assert strict.returncode == 3
+
+
+def test_help_names_the_verdicts_and_exit_codes() -> None:
+    run = shardproof("verify", "--help")
+    assert run.returncode == 0
+    for text in ("⚠ unproven", "✘ discrepancy", "exit codes:", "3  unproven", "--fail-on LEVEL"):
+        assert text in run.stdout, text

@@ -337,7 +337,7 @@ def test_a_missing_sequence_scatter_is_named_at_the_gather_that_repeats_the_valu
     assert text.count("h = scatter_to_sequence_parallel_region(h)") == 1
     model.write_text(text.replace("h = scatter_to_sequence_parallel_region(h)", "pass"))
     project = load_project(root)
-    (outcome,) = verify_check(project.check("megatron-sp"), project, [2], sandbox, numeric_witness=False).results
+    (outcome,) = verify_check(project.check("megatron-sp"), project, [2], sandbox).results
     assert outcome.verdict == "discrepancy", outcome.summary
     finding = outcome.discrepancies[0]
     assert "all-gather of a value every rank already holds in full" in finding.message, finding.message

@@ -122,7 +122,8 @@ def test_sequence_parallel_mistake_is_reported_at_its_line(
 
     bug = bug_variants.variant(name)
     project = load_project(sequence_parallel_projects[name])
-    (outcome,) = verify_check(project.checks[0], project, [world_size], sandbox, numeric_witness=False).results
+    (outcome,) = verify_check(project.checks[0], project, [world_size], sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
     finding = outcome.discrepancies[0]
     assert finding.primary is not None
     assert finding.primary.file.endswith(bug.file), finding.primary

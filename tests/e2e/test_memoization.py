@@ -24,7 +24,8 @@ def _outcome(result) -> list[tuple]:
     """What a user sees of a world size: its verdict, and the kind and line of each finding."""
     seen = []
     for r in result.results:
-        found = [(d.kind, Path(d.primary.file).name, d.primary.line) for d in r.discrepancies if d.primary]
+        findings = [*r.discrepancies, *r.unproven]  # unproven: the witness is off here
+        found = [(d.kind, Path(d.primary.file).name, d.primary.line) for d in findings if d.primary]
         seen.append((r.world_size, r.verdict, found))
     return seen
 

@@ -86,7 +86,7 @@ def test_stage_blocks_that_overlap_are_reported_at_the_stage_start(tmp_path: Pat
     # at four ranks (one layer each) the same line is right
     root, line = _variant(tmp_path, "start = rank * per_stage", "start = rank")
     project = load_project(root)
-    two, four = verify_check(project.checks[0], project, [2, 4], sandbox, numeric_witness=False).results
+    two, four = verify_check(project.checks[0], project, [2, 4], sandbox).results
     assert four.verdict == "verified"
     assert two.verdict == "discrepancy"
     finding = two.discrepancies[0]
