@@ -179,10 +179,21 @@ def test_a_rank_that_fails_with_real_numbers_where_the_reference_runs_is_a_shown
 
 
 def test_correct_code_the_rules_cannot_prove_is_unproven_never_a_discrepancy(tiny, sandbox, tiny_root) -> None:
-    (outcome,) = run(tiny, "bias-on-first-rank", sandbox).results
+    (outcome,) = run(tiny, "gathered-sum", sandbox).results
     assert outcome.verdict == "unproven" and not outcome.discrepancies, outcome.summary
     (finding,) = outcome.unproven
     assert finding.message.startswith("not proven: the reference's add")
     assert "the numbers agree on" in finding.message
-    assert finding.primary.line == line_of(tiny_root / "tinymlp/parallel.py", "self.down_b if self.rank == 0 else None")
+    assert finding.primary.line == line_of(
+        tiny_root / "tinymlp/parallel.py", "partial = F.linear(self.hidden(x), self.down_w)"
+    )
     assert finding.details["suspected"] and finding.witness["status"] == "agree"
+
+
+def test_a_bias_added_once_on_one_rank_before_the_all_reduce_is_verified(tiny, sandbox) -> None:
+    """vLLM's RowParallelLinear adds the bias on rank 0 only: the partial sums tile the reduction and
+    exactly one of them carries the bias (rules partial-plus-term, term-cover-*)."""
+    result = run(tiny, "bias-on-first-rank", sandbox)
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
+        r.summary for r in result.results
+    ]

@@ -109,11 +109,12 @@ def test_one_process_at_a_time_gives_the_same_results(example_root: Path) -> Non
 
 
 def test_unproven_exit_code_json_sarif_and_fail_on(tiny_root: Path, tmp_path: Path) -> None:
-    """A correct program the rules cannot prove yet (the bias added on rank 0 only): exit code 3,
+    """A correct program the rules cannot prove yet (an all-reduce spelled as an all-gather and a
+    sum): exit code 3,
     `unproven` in JSON with the witness's trials, a SARIF warning, and `--fail-on discrepancy`
     lets it pass."""
     sarif_path = tmp_path / "out.sarif"
-    run = shardproof("verify", "--check", "bias-on-first-rank", "--json", "--sarif", str(sarif_path), cwd=tiny_root)
+    run = shardproof("verify", "--check", "gathered-sum", "--json", "--sarif", str(sarif_path), cwd=tiny_root)
     assert run.returncode == 3, run.stderr
     payload = json.loads(run.stdout)
     assert payload["exit_code"] == 3
@@ -127,10 +128,10 @@ def test_unproven_exit_code_json_sarif_and_fail_on(tiny_root: Path, tmp_path: Pa
     assert not any(t["differs"] for t in finding["witness"]["trials"])
     (result,) = json.loads(sarif_path.read_text())["runs"][0]["results"]
     assert (result["ruleId"], result["level"]) == ("unproven", "warning")
-    text = shardproof("verify", "--check", "bias-on-first-rank", "--fail-on", "discrepancy", cwd=tiny_root)
+    text = shardproof("verify", "--check", "gathered-sum", "--fail-on", "discrepancy", cwd=tiny_root)
     assert text.returncode == 0, text.stderr
-    assert "bias-on-first-rank: ⚠ unproven" in text.stdout and "witness:   no difference found" in text.stdout
-    strict = shardproof("verify", "--check", "bias-on-first-rank", "--fail-on", "unproven", cwd=tiny_root)
+    assert "gathered-sum: ⚠ unproven" in text.stdout and "witness:   no difference found" in text.stdout
+    strict = shardproof("verify", "--check", "gathered-sum", "--fail-on", "unproven", cwd=tiny_root)
     assert strict.returncode == 3
 
 

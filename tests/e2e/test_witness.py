@@ -28,6 +28,7 @@ CROSS_CHECKED = [
     "broadcast",
     "all-to-all",
     "truncate-before-reduce",
+    "bias-on-first-rank",  # the bias added once, on rank 0, before the all-reduce
 ]
 
 

@@ -383,6 +383,25 @@ class Instance:
                 and 0 <= start <= end <= size
                 and same(contribution, measure.part(start, end))
             )
+        if name in ("pplus", "coverb"):
+            # (pplus Y A y s e K): y is A's contribution [s, e) plus the term Y - A;
+            # (coverb Y A ms e K n): the members add up to A's contribution [0, e) plus n terms
+            whole, value, *rest = args
+            measure = self.gen.measures.get(id(value))
+            if measure is None:
+                raise RecipeError(f"a {name} needs its A made by gen.total(measure)")
+            term = whole - value
+            if name == "pplus":
+                contribution, start, end, size = rest
+                expected, held = measure.part(start, end) + term, contribution
+                bounds = 0 <= start <= end <= size
+            else:
+                members, end, size, copies = rest
+                if not isinstance(members, MultiSet):
+                    return False
+                expected, held = measure.part(0, end) + copies * term, combine("sum", members)
+                bounds = 0 < end <= size and copies in (0, 1)
+            return measure.combine == "sum" and measure.size == size and bounds and same(held, expected)
         if name in ("cover", "maxcover"):
             total, members, end, size = args
             measure = self.gen.measures.get(id(total))

@@ -1268,6 +1268,98 @@ def _cover_recipes(kind: str, start: str, extend: str, whole: str) -> None:
 
 
 _cover_recipes("sum", "reduction-cover-start", "reduction-cover-extend", "all-reduce-of-tiling")
+
+
+def _term_tiling(g: Gen) -> dict[str, Any]:
+    """A reduction A tiled over the ranks, a term b, and the rank that carries it."""
+    A, parts, tiles, size = _tiling(g, "sum")
+    return {
+        "A": A,
+        "parts": parts,
+        "tiles": tiles,
+        "K": size,
+        "b": g.tensor(*A.shape),
+        "carrier": g.int(0, g.world - 1),
+    }
+
+
+@instance("partial-plus-term", "term-plus-partial", "partial-plus-term-swapped", "term-plus-partial-swapped")
+def _(g: Gen) -> dict[str, Any]:
+    t = _term_tiling(g)
+    s, e = t["tiles"][g.rank]
+    return {"A": t["A"], "a": t["parts"][g.rank], "b": t["b"], "s": s, "e": e, "K": t["K"]}
+
+
+def _carried(t: dict[str, Any], rank: int) -> Any:
+    """Rank `rank`'s all-reduce input: its contribution, plus the term on the carrier."""
+    return t["parts"][rank] + (t["b"] if rank == t["carrier"] else 0)
+
+
+@instance("term-cover-start-plain")
+def _(g: Gen) -> dict[str, Any] | None:
+    if g.world == 1:  # the one rank carries the term
+        return None
+    t = _term_tiling(g)
+    t["carrier"] = g.int(1, g.world - 1)  # the rank covering [0, e) starts the cover; another carries the term
+    s2, e2 = t["tiles"][t["carrier"]]
+    A = t["A"]
+    return {
+        "Y": A + t["b"],
+        "A": A,
+        "q": _carried(t, t["carrier"]),
+        "s2": s2,
+        "e2": e2,
+        "K": t["K"],
+        "p": t["parts"][0],
+        "e": t["tiles"][0][1],
+    }
+
+
+@instance("term-cover-start")
+def _(g: Gen) -> dict[str, Any] | None:
+    t = _term_tiling(g)
+    t["carrier"] = 0  # the rank covering [0, e) starts the cover and carries the term
+    return {"Y": t["A"] + t["b"], "A": t["A"], "p": _carried(t, 0), "e": t["tiles"][0][1], "K": t["K"]}
+
+
+def _term_cover_extension(g: Gen, carrying: bool) -> dict[str, Any] | None:
+    """Rank r > 0 extends the cover of ranks [0, r); it carries the term or an earlier rank does."""
+    if g.rank == 0:
+        return None
+    t = _term_tiling(g)
+    t["carrier"] = g.rank if carrying else g.int(0, g.rank - 1)
+    s, e = t["tiles"][g.rank]
+    members = MultiSet([_carried(t, r) for r in range(g.rank)])
+    copies = 0 if carrying else 1
+    return {
+        "Y": t["A"] + t["b"],
+        "A": t["A"],
+        "ms": members,
+        "e": s,
+        "K": t["K"],
+        "n": copies,
+        "p": _carried(t, g.rank),
+        "f": e,
+    }
+
+
+@instance("term-cover-extend-plain")
+def _(g: Gen) -> dict[str, Any] | None:
+    return _term_cover_extension(g, carrying=False)
+
+
+@instance("term-cover-extend")
+def _(g: Gen) -> dict[str, Any] | None:
+    return _term_cover_extension(g, carrying=True)
+
+
+@instance("all-reduce-of-tiling-with-term")
+def _(g: Gen) -> dict[str, Any]:
+    t = _term_tiling(g)
+    members = MultiSet([_carried(t, r) for r in range(g.world)])
+    return {"Y": t["A"] + t["b"], "A": t["A"], "ms": members, "K": t["K"]}
+
+
 _cover_recipes("max", "max-cover-start", "max-cover-extend", "all-reduce-max-of-tiling")
 
 

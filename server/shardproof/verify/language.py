@@ -12,6 +12,12 @@ Relations (Datalog facts, all existence-guarded by the rules that derive them):
   (psum X x s e K)       x is the contribution of reduced indices [s, e) of K to X: summing such
                           contributions over a tiling of [0, K) gives X (row-parallel partial sums)
   (frac X x p q)         x == X * p / q (a rank's share of a replicated bias)
+  (pplus Y A y s e K)    Y == A + b and y == (the contribution of [s, e) of K to A) + b: a rank that
+                          adds a term b to its partial sum of A, where the reference adds b to A
+                          (a row-parallel bias added on one rank only, a residual folded into one
+                          rank's partial sum)
+  (coverb Y A ms e K n)  the sum of the multiset ms is the contribution of [0, e) of K to A plus n
+                          copies of Y - A: all-reduce inputs tiling [0, e), n of them carrying the term
   (pmax X x s e K)       x is the max over reduced indices [s, e) of K of what X is the max of:
                           the max of such contributions over a tiling of [0, K) is X
   (outside m ids s e)    m == (ids < s) | (ids >= e)           (vocab-parallel masks)
@@ -97,6 +103,8 @@ DECLARATIONS = r"""
 (relation arin (T))
 (relation a2a-piece (T))
 (relation cover (T TSet i64 i64))
+(relation pplus (T T T i64 i64 i64))
+(relation coverb (T T TSet i64 i64 i64))
 (relation maxcover (T TSet i64 i64))
 (relation outside (T T i64 i64))
 (relation localids (T T i64 i64))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "8"
+RULE_LIBRARY_VERSION = "9"
 
 
 @dataclass(frozen=True)
@@ -809,6 +809,54 @@ _rule(
     "partial",
     "summing contributions that tile [0, K) gives the value",
     "(rule ((cover Z ms K K) (= S (SumN ms))) ((union Z S)))",
+)
+
+# A rank may add a term to its partial sum that the reference adds to the whole value once (vLLM's
+# row-parallel bias on rank 0 only, a residual folded into one rank's partial sum): the ranks'
+# contributions still add up to the reference value when they tile the reduction and exactly one
+# of them carries the term. The reference's `A + b` and the rank's `a + b` share b's e-class (b is
+# the same value on the rank), so each orientation of the two adds is one rule.
+for _name, _rank_add, _reference_add in (
+    ("partial-plus-term", '(Bin "add" a b)', '(Bin "add" A b)'),
+    ("term-plus-partial", '(Bin "add" b a)', '(Bin "add" A b)'),
+    ("partial-plus-term-swapped", '(Bin "add" a b)', '(Bin "add" b A)'),
+    ("term-plus-partial-swapped", '(Bin "add" b a)', '(Bin "add" b A)'),
+):
+    _rule(
+        _name,
+        "partial",
+        "a rank's contribution to A plus a term b is that contribution of A + b, with the term once",
+        f"(rule ((= y {_rank_add}) (psum A a s e K) (= Y {_reference_add})) ((pplus Y A y s e K)))",
+    )
+_rule(
+    "term-cover-start-plain",
+    "partial",
+    "start a tiling of A + b's all-reduce inputs with a contribution to A that carries no term",
+    "(rule ((pplus Y A q s2 e2 K) (psum A p 0 e K) (arin p)) ((coverb Y A (multiset-of p) e K 0)))",
+)
+_rule(
+    "term-cover-start",
+    "partial",
+    "start a tiling of A + b's all-reduce inputs with the contribution that carries the term",
+    "(rule ((pplus Y A p 0 e K) (arin p)) ((coverb Y A (multiset-of p) e K 1)))",
+)
+_rule(
+    "term-cover-extend-plain",
+    "partial",
+    "extend a tiling by the next contribution to A (no term)",
+    "(rule ((coverb Y A ms e K n) (psum A p e f K) (arin p)) ((coverb Y A (multiset-insert ms p) f K n)))",
+)
+_rule(
+    "term-cover-extend",
+    "partial",
+    "extend a tiling that has no term yet by the next contribution carrying it",
+    "(rule ((coverb Y A ms e K 0) (pplus Y A p e f K) (arin p)) ((coverb Y A (multiset-insert ms p) f K 1)))",
+)
+_rule(
+    "all-reduce-of-tiling-with-term",
+    "partial",
+    "summing contributions that tile [0, K) of A, exactly one carrying the term b, gives A + b",
+    "(rule ((coverb Y A ms K K 1) (= S (SumN ms))) ((union Y S)))",
 )
 
 # ---------------------------------------------------------------------------------------------
