@@ -197,3 +197,13 @@ def test_a_bias_added_once_on_one_rank_before_the_all_reduce_is_verified(tiny, s
     assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
         r.summary for r in result.results
     ]
+
+
+@pytest.mark.parametrize("spelling", ["matmul-transpose", "at-t", "einsum"])
+def test_a_linear_spelled_as_a_matmul_by_the_transposed_weight_is_verified(spelling: str, tiny, sandbox) -> None:
+    """DeepSpeed writes every linear as `torch.matmul(x, W.transpose(-1, -2))`; others `x @ W.t()` or an
+    einsum: the same linear map (rule matmul-by-transpose-is-linear)."""
+    result = run(tiny, f"spelled-{spelling}", sandbox)
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
+        r.summary for r in result.results
+    ]

@@ -29,6 +29,9 @@ CROSS_CHECKED = [
     "all-to-all",
     "truncate-before-reduce",
     "bias-on-first-rank",  # the bias added once, on rank 0, before the all-reduce
+    "spelled-matmul-transpose",  # linears spelled torch.matmul(x, W.transpose(-1, -2)), x @ W.t(), einsum
+    "spelled-at-t",
+    "spelled-einsum",
 ]
 
 

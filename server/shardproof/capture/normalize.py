@@ -1414,11 +1414,15 @@ class _Builder:
             return value
 
         batch_groups = [[c] for c in batch]
-        lhs = arrange(a, a_letters, batch + left + contracted, [*batch_groups, left, contracted], "a")
+        # Without batch letters the right operand is a matrix, and matmul broadcasts the left
+        # operand's leading dims: its free letters stay separate (`bsh,oh->bso` is x @ W.T, not
+        # a view of (x viewed as rows) @ W.T), so the product meets the linear map it computes.
+        left_groups = [[c] for c in left] if not batch and left else [left]
+        lhs = arrange(a, a_letters, batch + left + contracted, [*batch_groups, *left_groups, contracted], "a")
         rhs = arrange(b, b_letters, batch + contracted + right, [*batch_groups, contracted, right], "b")
         product_shape = (
             *(sizes[c] for c in batch),
-            math.prod(sizes[c] for c in left),
+            *(math.prod(sizes[c] for c in group) for group in left_groups),
             math.prod(sizes[c] for c in right),
         )
         order = batch + left + right

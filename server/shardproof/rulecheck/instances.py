@@ -1283,6 +1283,12 @@ def _term_tiling(g: Gen) -> dict[str, Any]:
     }
 
 
+@instance("matmul-by-transpose-is-linear")
+def _(g: Gen) -> dict[str, Any]:
+    k = g.int(2, 5)
+    return {"x": g.tensor(*_shape(g, g.int(1, 3)), k), "W": g.tensor(g.int(2, 5), k)}
+
+
 @instance("partial-plus-term", "term-plus-partial", "partial-plus-term-swapped", "term-plus-partial-swapped")
 def _(g: Gen) -> dict[str, Any]:
     t = _term_tiling(g)

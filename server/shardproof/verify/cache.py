@@ -55,7 +55,7 @@ def _entry(kind: str, key: str) -> Path | None:
 
 def unit_key(commands: list[str], max_iterations: int, max_rows: int) -> str:
     digest = hashlib.sha256()
-    for part in (RULE_LIBRARY_VERSION, _egglog_version(), str(max_iterations), str(max_rows)):
+    for part in (_rule_library(), _egglog_version(), str(max_iterations), str(max_rows)):
         digest.update(part.encode())
         digest.update(b"\0")
     for command in commands:
@@ -98,6 +98,17 @@ def _write(path: Path, text: str) -> None:
         os.replace(handle.name, path)
     except OSError:
         pass  # a read-only or full cache directory only costs the next run its saturation
+
+
+@functools.cache
+def _rule_library() -> str:
+    """The declarations and every rule's text: a saturation is computed by exactly these (a rule
+    changed without a new library version must not reuse what the old one saturated)."""
+    from . import rules
+    from .language import DECLARATIONS
+
+    text = "\n".join((RULE_LIBRARY_VERSION, DECLARATIONS, rules.program_text(), rules.schedule(1)))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _egglog_version() -> str:

@@ -531,6 +531,13 @@ _rule(
     "(rule ((= Y (Linear X W)) (= y (Linear x W)) (sel X x d R) (< d -1)) ((sel Y y d R)))",
 )
 _rule(
+    "matmul-by-transpose-is-linear",
+    "matmul",
+    "x @ W.T is the linear map x @ W^T for a matrix W (DeepSpeed's `matmul(x, W.transpose(-1, -2))`, `x @ W.t()`; "
+    'the permutation "1,0" exists only for matrices)',
+    '(rule ((= y (Matmul x p)) (= p (Permute W "1,0"))) ((union y (Linear x W))))',
+)
+_rule(
     "matmul-batch",
     "matmul",
     "batched matmul keeps a common batch selection",
