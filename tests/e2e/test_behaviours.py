@@ -207,3 +207,12 @@ def test_a_linear_spelled_as_a_matmul_by_the_transposed_weight_is_verified(spell
     assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
         r.summary for r in result.results
     ]
+
+
+def test_layer_norm_on_a_sequence_shard_is_verified_through_torchs_decomposition(tiny, sandbox) -> None:
+    """nn.LayerNorm has no lowering of ours: it is written out as torch decomposes it (mean, variance,
+    rsqrt), whose rules keep a selection of another dim (the standard SequenceParallel pattern)."""
+    result = run(tiny, "sequence-parallel-layernorm", sandbox)
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
+        r.summary for r in result.results
+    ]

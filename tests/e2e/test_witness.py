@@ -32,6 +32,7 @@ CROSS_CHECKED = [
     "spelled-matmul-transpose",  # linears spelled torch.matmul(x, W.transpose(-1, -2)), x @ W.t(), einsum
     "spelled-at-t",
     "spelled-einsum",
+    "sequence-parallel-layernorm",
 ]
 
 

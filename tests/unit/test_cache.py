@@ -42,8 +42,14 @@ def test_changed_commands_bounds_or_rules_miss(cache_dir: Path, monkeypatch: pyt
     cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
     _, changed_code = cache.saturate(box, ['(let a (Input "1"))'], 10, 5.0, 1000)
     _, changed_bound = cache.saturate(box, ['(let a (Input "0"))'], 11, 5.0, 1000)
-    monkeypatch.setattr(cache, "RULE_LIBRARY_VERSION", "other")
+    # a rule's text changed, whether or not the library's version number was bumped
+    from shardproof.verify import rules
+
+    program = rules.program_text()
+    monkeypatch.setattr(rules, "program_text", lambda: program.replace("partial-whole-range", "partial-whole-range2"))
+    cache._rule_library.cache_clear()
     _, changed_rules = cache.saturate(box, ['(let a (Input "0"))'], 10, 5.0, 1000)
+    cache._rule_library.cache_clear()
     assert (changed_code, changed_bound, changed_rules) == (False, False, False)
     assert box.calls == 4
 

@@ -85,3 +85,28 @@ def test_ones_like_is_a_constant_of_the_shape_whatever_the_value() -> None:
     (a,) = [n for n in first.nodes if n.op == "constant"]
     (b,) = [n for n in second.nodes if n.op == "constant"]
     assert a.attrs["digest"] == b.attrs["digest"]
+
+
+def test_a_linear_spelled_as_an_einsum_broadcasts_the_leading_dims() -> None:
+    graph = _graph(lambda x, w: torch.einsum("bsh,oh->bso", x, w), (2, 3, 4), (5, 4))
+    assert [(n.op, n.meta.shape) for n in graph.nodes] == [("permute", (4, 5)), ("matmul", (2, 3, 5))]
+
+
+def test_an_op_without_a_lowering_of_ours_is_written_as_torch_decomposes_it() -> None:
+    graph = _graph(lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b), (2, 3, 4), (4,), (4,))
+    ops = [n.op for n in graph.nodes]
+    assert "generic" not in ops
+    assert [n.attrs["fn"] for n in graph.nodes if n.op == "reduce"] == ["mean", "sum", "mean"]  # var_mean, ours
+    assert graph.nodes[-1].meta.shape == (2, 3, 4)
+    site_lines = {n.site.innermost.line for n in graph.nodes if n.site is not None}
+    assert len(site_lines) <= 1  # every operation of the decomposition is at the call's line
+
+
+def test_random_and_rule_matched_ops_stay_whole() -> None:
+    graph = _graph(lambda x: torch.nn.functional.dropout(x, 0.5, training=True) + torch.lgamma(x), (2, 3))
+    assert not any("bernoulli" in str(n.attrs.get("target", "")) for n in graph.nodes if n.op != "generic")
+    from shardproof.capture.decompose import decomposition_of
+    from shardproof.verify.rules import opaque_ops
+
+    assert "aten::embedding_dense_backward" in opaque_ops()
+    assert decomposition_of(torch.ops.aten.var_mean.correction) is not None  # ours (torch's is in prims)

@@ -40,6 +40,7 @@ import torch.fx
 
 from ..graph.model import Collective, Graph, Node, Placeholder, SourceSite, TensorMeta
 from ..relations.expr import norm_dim
+from . import decompose
 from .frames import parse_stack_trace
 
 _ALIASES = {
@@ -247,6 +248,7 @@ class _Builder:
         self.nodes_by_id: dict[str, Node] = {}
         # complex value id -> ids of its real and imaginary parts (complex arithmetic in real terms)
         self.complex_parts: dict[str, tuple[str, str]] = {}
+        self.decomposition_depth = 0  # how deep decompose.inline is in its own decompositions
 
     # -- helpers ----------------------------------------------------------------------------------
     def value(self, arg: Any) -> str:
@@ -388,6 +390,8 @@ class _Builder:
         if name in _UNINITIALISED_FACTORIES:
             self.add(fx, "uninitialized", [], {}, meta)
             return
+        if decompose.inline(self, fx):  # written out as torch's decomposition writes it
+            return
         self.generic(fx, name, args, kwargs, meta)
 
     def constant(
@@ -477,6 +481,8 @@ class _Builder:
                 self.along(fx, name, args, kwargs, _meta_of(out), index=i, suffix=f".{i}")  # type: ignore[arg-type]
                 for i, out in enumerate(outputs)
             ]
+            return
+        if name not in ("max", "min") and decompose.inline(self, fx):
             return
         ids = []
         for i, out in enumerate(outputs):

@@ -932,6 +932,14 @@ def all_rules() -> tuple[Rule, ...]:
     return tuple(_RULES)
 
 
+def opaque_ops() -> frozenset[str]:
+    """The operations rules match as opaque calls (`(Op2 "aten::embedding_dense_backward" ...)`): the
+    normalizer keeps them whole instead of writing out their decomposition."""
+    import re
+
+    return frozenset(re.findall(r'\(Op\d "([^"#]+)', "\n".join(rule.text for rule in _RULES)))
+
+
 def fact_text() -> str:
     """The op-class facts (which unary ops are linear, which binary ops additive, ...)."""
     return _FACTS
