@@ -216,3 +216,12 @@ def test_layer_norm_on_a_sequence_shard_is_verified_through_torchs_decomposition
     assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
         r.summary for r in result.results
     ]
+
+
+def test_a_vocabulary_parallel_softmax_from_a_max_and_a_sum_all_reduce_is_verified(tiny, sandbox) -> None:
+    """softmax is written out as torch decomposes it; over a sharded class dim its max and its sum are
+    partial maxima and partial sums that the MAX and SUM all-reduces complete."""
+    result = run(tiny, "vocab-parallel-softmax", sandbox)
+    assert [(r.world_size, r.verdict) for r in result.results] == [(2, "verified"), (4, "verified")], [
+        r.summary for r in result.results
+    ]

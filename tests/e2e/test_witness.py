@@ -33,6 +33,7 @@ CROSS_CHECKED = [
     "spelled-at-t",
     "spelled-einsum",
     "sequence-parallel-layernorm",
+    "vocab-parallel-softmax",
 ]
 
 

@@ -1318,6 +1318,12 @@ class _Builder:
         return True
 
     def op_softmax(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """Written out as torch decomposes it (the max, the exponentials of the differences, their
+        sum, the quotient): a softmax over a sharded dim is then the vocabulary-parallel softmax
+        (a max all-reduce and a sum all-reduce) its ranks compute. A softmax whose decomposition
+        cannot be traced stays one operation."""
+        if decompose.inline(self, fx):
+            return True
         source = self.value(args[0])
         self.add(fx, "softmax", [source], {"dim": norm_dim(args[1], meta.ndim)}, meta)
         return True
