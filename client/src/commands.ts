@@ -9,6 +9,8 @@ interface FullModelSummary {
   cancelled: boolean;
   verified: number;
   discrepancy: number;
+  unproven?: number;
+  interrupted?: number;
   inconclusive: number;
   error: number;
   checks: { check: string; verdict: string }[];
@@ -68,6 +70,12 @@ async function verifyFullModel(server: ServerManager): Promise<FullModelSummary 
   );
   if (summary) {
     const parts = [`${summary.verified} verified`, `${summary.discrepancy} with discrepancies`];
+    if (summary.unproven) {
+      parts.push(`${summary.unproven} unproven`);
+    }
+    if (summary.interrupted) {
+      parts.push(`${summary.interrupted} interrupted by an edit`);
+    }
     if (summary.inconclusive) {
       parts.push(`${summary.inconclusive} inconclusive`);
     }
@@ -75,7 +83,7 @@ async function verifyFullModel(server: ServerManager): Promise<FullModelSummary 
       parts.push(`${summary.error} failed`);
     }
     const text = `shardproof: full model ${summary.cancelled ? 'cancelled' : 'verified'}: ${parts.join(', ')}.`;
-    if (summary.discrepancy || summary.error) {
+    if (summary.discrepancy || summary.error || summary.unproven || summary.interrupted) {
       void vscode.window.showWarningMessage(text, 'Show Problems').then((choice) => {
         if (choice) {
           void vscode.commands.executeCommand('workbench.actions.view.problems');

@@ -4,6 +4,7 @@ export interface Explanation {
   discrepancyId: string;
   check: string;
   kind: string;
+  verdict?: string;
   worldSizes: number[];
   markdown: string;
   svg?: string;

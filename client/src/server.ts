@@ -22,6 +22,7 @@ interface FinishedParams {
   check: string;
   verdict: string;
   discrepancies: number;
+  unproven?: number;
   error?: string | null;
 }
 
@@ -46,6 +47,7 @@ export class ServerManager implements vscode.Disposable {
   private restartQueued = false;
   private crashes: number[] = [];
   private readonly discrepancies = new Map<string, number>();
+  private readonly unproven = new Map<string, number>();
   private readonly errors = new Set<string>();
   private disposables: vscode.Disposable[] = [];
 
@@ -108,6 +110,7 @@ export class ServerManager implements vscode.Disposable {
       }),
       client.onNotification(Notifications.verificationFinished, (params: FinishedParams) => {
         this.discrepancies.set(params.check, params.discrepancies);
+        this.unproven.set(params.check, params.unproven ?? 0);
         if (params.verdict === 'error' || params.verdict === 'inconclusive') {
           this.errors.add(params.check);
         } else {
@@ -127,8 +130,9 @@ export class ServerManager implements vscode.Disposable {
 
   private showSummary(): void {
     const total = [...this.discrepancies.values()].reduce((sum, n) => sum + n, 0);
-    if (total > 0) {
-      this.status.set({ kind: 'discrepancies', count: total });
+    const unproven = [...this.unproven.values()].reduce((sum, n) => sum + n, 0);
+    if (total > 0 || unproven > 0) {
+      this.status.set({ kind: 'findings', discrepancies: total, unproven });
     } else if (this.errors.size > 0) {
       this.status.set({ kind: 'error', message: `not verified: ${[...this.errors].join(', ')}` });
     } else {

@@ -6,10 +6,10 @@ export type StatusState =
   | { kind: 'starting' }
   | { kind: 'idle' }
   | { kind: 'verifying'; check: string; detail?: string; percentage?: number }
-  | { kind: 'discrepancies'; count: number }
+  | { kind: 'findings'; discrepancies: number; unproven: number }
   | { kind: 'error'; message: string };
 
-/** The status bar item: idle, verifying (with progress), discrepancies found, or an error. */
+/** The status bar item: idle, verifying (with progress), discrepancies and unproven findings, or an error. */
 export class StatusItem implements vscode.Disposable {
   private readonly item: vscode.StatusBarItem;
   private state: StatusState = { kind: 'off' };
@@ -46,11 +46,24 @@ export class StatusItem implements vscode.Disposable {
         item.tooltip = state.detail ? `shardproof: ${state.detail}` : `shardproof: verifying ${state.check}`;
         break;
       }
-      case 'discrepancies':
-        item.text = `$(error) shardproof: ${state.count} ${state.count === 1 ? 'discrepancy' : 'discrepancies'}`;
-        item.tooltip = 'shardproof found discrepancies (see the Problems panel). Click for the logs.';
-        item.backgroundColor = new vscode.ThemeColor('statusBarItem.errorBackground');
+      case 'findings': {
+        const parts: string[] = [];
+        if (state.discrepancies > 0) {
+          parts.push(`$(error) ${state.discrepancies} ${state.discrepancies === 1 ? 'discrepancy' : 'discrepancies'}`);
+        }
+        if (state.unproven > 0) {
+          parts.push(`$(warning) ${state.unproven} unproven`);
+        }
+        item.text = `shardproof: ${parts.join(' · ')}`;
+        item.tooltip =
+          (state.discrepancies > 0 ? 'shardproof found discrepancies the numbers confirm. ' : '') +
+          (state.unproven > 0 ? 'Some values are not proven (the numbers show no difference). ' : '') +
+          'See the Problems panel; click for the logs.';
+        item.backgroundColor = new vscode.ThemeColor(
+          state.discrepancies > 0 ? 'statusBarItem.errorBackground' : 'statusBarItem.warningBackground',
+        );
         break;
+      }
       case 'error':
         item.text = '$(warning) shardproof: error';
         item.tooltip = `shardproof: ${state.message}. Click for the logs.`;

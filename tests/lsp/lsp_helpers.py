@@ -118,3 +118,51 @@ def replace_document(client: LanguageClient, path: Path, text: str, version: int
             content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
         )
     )
+
+
+TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny"
+
+
+def tiny_project(root: Path, checks: list[str]) -> None:
+    """A copy of the tiny fixture at `root` declaring only `checks` (blocks of its pyproject.toml)."""
+    import shutil
+
+    shutil.copytree(TINY / "tinymlp", root / "tinymlp", ignore=shutil.ignore_patterns("__pycache__"))
+    text = (TINY / "pyproject.toml").read_text()
+    head, *blocks = text.split("[[tool.shardproof.check]]")
+    kept = [b for b in blocks if any(f'name = "{name}"\n' in b for name in checks)]
+    (root / "pyproject.toml").write_text(head + "".join("[[tool.shardproof.check]]" + b for b in kept))
+
+
+def tiny_fixture(name: str, checks: list[str], options: dict | None = None):
+    """A pytest-lsp client fixture on a copy of the tiny fixture with only `checks` declared."""
+
+    @pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER))
+    async def client(lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory):
+        root = tmp_path_factory.mktemp(name)
+        tiny_project(root, checks)
+        lsp_client.root = root  # type: ignore[attr-defined]
+
+        @lsp_client.feature(types.CLIENT_REGISTER_CAPABILITY)
+        def register_capability(_client: LanguageClient, params: types.RegistrationParams) -> None:
+            pass
+
+        for method in ("shardproof/verificationStarted", "shardproof/verificationFinished"):
+            events: list[object] = []
+            setattr(lsp_client, method.split("/")[1], events)
+
+            @lsp_client.feature(method)
+            def record(_client: LanguageClient, params: object, events: list[object] = events) -> None:
+                events.append(plain(params))
+
+        params = types.InitializeParams(
+            capabilities=client_capabilities("visual-studio-code"),
+            root_uri=root.as_uri(),
+            workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=name)],
+            initialization_options=options or {"debounceMs": 200},
+        )
+        await lsp_client.initialize_session(params)
+        yield
+        await lsp_client.shutdown_session()
+
+    return client

@@ -51,6 +51,8 @@ def _code(site: Site) -> str:
 def explain(d: Discrepancy, check: str = "", world_sizes: list[int] | None = None, root: Path | None = None) -> str:
     sizes = ", ".join(str(w) for w in (world_sizes or []))
     where = f"check `{check}`" + (f", world size {sizes}" if sizes else "") if check else ""
+    if d.details.get("suspected"):
+        return _explain_unproven(d, where, root)
     lines = [f"## {d.kind}" + (f" — {where}" if where else ""), "", f"**{d.message}**", ""]
     if d.reference:
         lines += [
@@ -91,4 +93,46 @@ def explain(d: Discrepancy, check: str = "", world_sizes: list[int] | None = Non
         fix = d.details.get("fix") if d.details else None
         if fix:
             lines[-1] += f" A quick fix is available: *{fix.get('title', fix.get('action'))}*."
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _explain_unproven(d: Discrepancy, where: str, root: Path | None) -> str:
+    """An unproven finding: what was proven, where the proof stopped, what the rules suspected (not
+    shown), every trial of the numeric witness, and what to do."""
+    lines = [f"## unproven — {where}" if where else "## unproven", "", f"**{d.message}**", ""]
+    lines += [
+        "**Not a shown difference.** The rules found no relation for this value, and the numbers did not "
+        "show a difference either: the program may be right in a way the rules do not cover yet, or wrong "
+        "in a way the trials did not reach.",
+        "",
+        f"**What the rules suspected** (`{d.kind}`, not shown by the numbers). {d.details['suspected']}",
+        "",
+        "**Code sites.**",
+        "",
+    ]
+    if d.primary:
+        lines.append(f"- the first value without a proven relation: {_link(d.primary, root)}{_code(d.primary)}")
+    if d.reference:
+        lines.append(f"- the reference: {_link(d.reference, root)}{_code(d.reference)}")
+    for site in d.related:
+        note = f" — {site.note}" if site.note else ""
+        lines.append(f"- {_link(site, root)}{_code(site)}{note}")
+    lines.append("")
+    witness = d.witness or {}
+    witness_lines = describe_witness(witness)
+    if witness_lines:
+        lines += [f"**Numeric witness.** {witness_lines[0][0].upper()}{witness_lines[0][1:]}.", ""]
+        lines += [f"- {line}" for line in witness_lines[1:]]
+        trials = witness.get("trials") or []
+        if trials:
+            lines += ["", "| seed | inputs | dtype | largest relative error |", "|---|---|---|---|"]
+            for trial in trials:
+                error = trial.get("max_rel")
+                shown = "not a number" if error is None else f"{error:.2g}"
+                lines.append(
+                    f"| {trial.get('seed', 0)} | {trial.get('inputs', '')} | {trial.get('dtype', '')} | {shown} |"
+                )
+        lines.append("")
+    if d.suggestion:
+        lines += [f"**What to do.** {d.suggestion[0].upper()}{d.suggestion[1:]}."]
     return "\n".join(lines).rstrip() + "\n"

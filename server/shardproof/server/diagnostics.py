@@ -13,6 +13,7 @@ from lsprotocol import types
 
 from ..results import CheckResult, Discrepancy, Site, Unsupported
 from ..source_map import refine, utf16_column
+from ..witness.describe import headline
 
 SOURCE = "shardproof"
 DOCS = "https://github.com/shardproof/shardproof"
@@ -21,6 +22,8 @@ TextOf = Callable[[str], str | None]  # path -> the text the user has, or None
 
 
 def docs_uri(code: str) -> str:
+    if code == "unproven":
+        return f"{DOCS}#verdicts"
     return (
         f"{DOCS}#discrepancy-kinds-{code}"
         if not code.startswith(("user-", "config", "worker", "incon"))
@@ -54,10 +57,11 @@ class FileDiagnostic:
     diagnostic: types.Diagnostic
 
 
-def _merge_world_sizes(result: CheckResult) -> list[tuple[Discrepancy, list[int]]]:
+def _merge_world_sizes(result: CheckResult, unproven: bool = False) -> list[tuple[Discrepancy, list[int]]]:
+    """Each finding once, with the world sizes it was found at (discrepancies, or unproven findings)."""
     merged: dict[str, tuple[Discrepancy, list[int]]] = {}
     for world in result.results:
-        for d in world.discrepancies:
+        for d in world.unproven if unproven else world.discrepancies:
             key = f"{d.kind}|{d.primary.file if d.primary else ''}|{d.primary.line if d.primary else 0}"
             if key in merged:
                 merged[key][1].append(world.world_size)
@@ -66,43 +70,67 @@ def _merge_world_sizes(result: CheckResult) -> list[tuple[Discrepancy, list[int]
     return list(merged.values())
 
 
-def for_check(result: CheckResult, mode: str, text_of: TextOf, pyproject: str, check_line: int) -> list[FileDiagnostic]:
-    out: list[FileDiagnostic] = []
-    for d, sizes in _merge_world_sizes(result):
-        if d.primary is None:
+def related_information(d: Discrepancy, text_of: TextOf) -> list[types.DiagnosticRelatedInformation]:
+    """The reference and the related sites, each location once, never the diagnostic's own range
+    (a hover that lists the same line twice, or the squiggle itself, says nothing)."""
+    own = location(d.primary, text_of) if d.primary is not None else None
+    seen: set[tuple[str, int, int]] = set()
+    if own is not None:
+        seen.add((own.uri, own.range.start.line, own.range.start.character))
+    out = []
+    sites = [(d.reference, "the reference computes this value here")] if d.reference is not None else []
+    sites += [(site, site.note or "related") for site in d.related]
+    for site, note in sites:
+        where = location(site, text_of)
+        key = (where.uri, where.range.start.line, where.range.start.character)
+        if key in seen or (own is not None and where.uri == own.uri and where.range.start.line == own.range.start.line):
             continue
-        related = []
-        if d.reference is not None:
-            related.append(
-                types.DiagnosticRelatedInformation(
-                    location(d.reference, text_of), "the reference computes this value here"
+        seen.add(key)
+        out.append(types.DiagnosticRelatedInformation(where, note))
+    return out
+
+
+def for_check(result: CheckResult, mode: str, text_of: TextOf, pyproject: str, check_line: int) -> list[FileDiagnostic]:
+    """Discrepancies as Errors, unproven findings as Warnings (with what the numbers said), then the
+    check's inconclusive world sizes and errors."""
+    out: list[FileDiagnostic] = []
+    for unproven in (False, True):
+        for d, sizes in _merge_world_sizes(result, unproven):
+            if d.primary is None:
+                continue
+            related = related_information(d, text_of)
+            where = "world size" if len(sizes) == 1 else "world sizes"
+            data: dict[str, Any] = {
+                "discrepancyId": d.id,
+                "check": result.name,
+                "worldSizes": sizes,
+                "mode": mode,
+                "kind": "unproven" if unproven else d.kind,
+            }
+            message = f"{d.message} ({result.name}, {where} {', '.join(map(str, sizes))})"
+            witness = headline(d.witness)
+            if witness:
+                message += f"\nwitness: {witness}"
+            if unproven:
+                data["suspected"] = d.kind
+                if d.details.get("suspected"):
+                    message += f"\nsuspected ({d.kind}, not shown): {d.details['suspected']}"
+            code = "unproven" if unproven else d.kind
+            out.append(
+                FileDiagnostic(
+                    d.primary.file,
+                    types.Diagnostic(
+                        range=to_range(d.primary, text_of(d.primary.file)),
+                        message=message,
+                        severity=types.DiagnosticSeverity.Warning if unproven else types.DiagnosticSeverity.Error,
+                        code=code,
+                        code_description=types.CodeDescription(href=docs_uri(code)),
+                        source=SOURCE,
+                        related_information=related or None,
+                        data=data,
+                    ),
                 )
             )
-        for site in d.related:
-            related.append(types.DiagnosticRelatedInformation(location(site, text_of), site.note or "related"))
-        where = "world size" if len(sizes) == 1 else "world sizes"
-        data: dict[str, Any] = {
-            "discrepancyId": d.id,
-            "check": result.name,
-            "worldSizes": sizes,
-            "mode": mode,
-            "kind": d.kind,
-        }
-        out.append(
-            FileDiagnostic(
-                d.primary.file,
-                types.Diagnostic(
-                    range=to_range(d.primary, text_of(d.primary.file)),
-                    message=f"{d.message} ({result.name}, {where} {', '.join(map(str, sizes))})",
-                    severity=types.DiagnosticSeverity.Error,
-                    code=d.kind,
-                    code_description=types.CodeDescription(href=docs_uri(d.kind)),
-                    source=SOURCE,
-                    related_information=related or None,
-                    data=data,
-                ),
-            )
-        )
     for world in result.results:
         for u in world.inconclusive:
             out.append(_inconclusive(result.name, world.world_size, u, text_of, pyproject, check_line))

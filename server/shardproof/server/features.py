@@ -75,6 +75,12 @@ def register(server: ShardproofLanguageServer) -> None:
     def did_open(ls: ShardproofLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
         ls.publish()  # stamp this document's diagnostics with its version
 
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: ShardproofLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
+        path = to_fs_path(params.text_document.uri)
+        if path is not None:
+            ls.closed(path)
+
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: ShardproofLanguageServer, params: types.DidChangeTextDocumentParams) -> None:
         path = to_fs_path(params.text_document.uri)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInternalError
+from pygls.exceptions import FeatureNotificationError, JsonRpcInternalError
 from pygls.lsp.server import LanguageServer
 from pygls.uris import from_fs_path, to_fs_path
 
@@ -28,7 +28,7 @@ from ..config import Project, find_pyproject, parse_project
 from ..errors import ConfigError, ShardproofError
 from ..localize.explain import explain
 from ..localize.picture import picture
-from ..results import CheckResult, Discrepancy
+from ..results import CheckResult, Discrepancy, WorldSizeResult
 from ..source_map import mechanical_fix
 from . import diagnostics as diag
 from .settings import Settings
@@ -43,6 +43,8 @@ PROGRESS = "shardproof/progress"
 CMD_VERIFY_FULL_MODEL = "shardproof.server.verifyFullModel"
 CMD_EXPLAIN = "shardproof.server.explainDiscrepancy"
 CLIENT_CMD_EXPLAIN = "shardproof.explainDiscrepancy"
+# How often Verify Full Model runs a check again after an edit cancelled its run.
+FULL_MODEL_RETRIES = 1
 
 
 def _real(path: str) -> str:
@@ -59,6 +61,8 @@ class ProjectState:
     results: dict[str, tuple[str, CheckResult]] = field(default_factory=dict)
     dependencies: dict[str, set[str]] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)  # check -> why the worker could not verify it
+    # check -> the unsaved buffers its stored result was computed from (path -> text)
+    overlays: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def root(self) -> Path:
@@ -98,6 +102,14 @@ class ShardproofLanguageServer(LanguageServer):
         if source is JsonRpcInternalError:
             logging.getLogger(__name__).error("cannot send to the client: %s", error)
             return
+        if source is FeatureNotificationError:
+            # A notification has no reply; a popup "Error in server: KeyError: 'file:///…'" is nothing
+            # a user can act on. A change to a document the editor never opened is the usual cause.
+            if "KeyError: 'file:" in f"{type(error).__name__}: {error}":
+                log.warning("ignoring a change to a document that was never opened: %s", error)
+            else:
+                log.error("a notification handler failed: %r", error, exc_info=error)
+            return
         super().report_server_error(error, source)
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -134,6 +146,36 @@ class ShardproofLanguageServer(LanguageServer):
             if path and state.contains(path):
                 out[path] = document.source
         return out
+
+    def closed(self, path: str) -> None:
+        """A document was closed: results computed from its unsaved text no longer describe the
+        file (the text on disk); they are withdrawn and the file on disk is verified."""
+        real = _real(path)
+        for state in self.projects:
+            for check, overlay in list(state.overlays.items()):
+                if real in overlay and overlay[real] != self.text_of(path):
+                    log.info("%s was closed unsaved: verifying %s on the file on disk", path, check)
+                    state.results.pop(check, None)
+                    state.overlays.pop(check, None)
+                    self.schedule(state, check, 0.0)
+        self.publish()
+
+    def changed_since(self, overlay: dict[str, str], files: set[str]) -> bool:
+        """Whether the text the user has of any of `files` differs from what a run saw: its
+        unsaved buffers (`overlay`), else the files on disk."""
+        seen = {_real(path): text for path, text in overlay.items()}
+        for path in files:
+            now = self.text_of(path)
+            before = seen.get(path)
+            if before is None:
+                try:
+                    with open(path, encoding="utf-8") as handle:
+                        before = handle.read()
+                except OSError:
+                    before = None
+            if now != before:
+                return True
+        return False
 
     def versions(self) -> dict[str, int | None]:
         return {uri: doc.version for uri, doc in self.workspace.text_documents.items()}
@@ -185,7 +227,7 @@ class ShardproofLanguageServer(LanguageServer):
             state.config_error = exc
             log.warning("declaration error: %s", exc.message)
         names = set(state.check_names())
-        for table in (state.results, state.dependencies, state.failures):
+        for table in (state.results, state.dependencies, state.failures, state.overlays):
             for name in list(table):
                 if name not in names:
                     del table[name]
@@ -248,13 +290,13 @@ class ShardproofLanguageServer(LanguageServer):
                 return None
         if generation is not None and generation != self.generation.get(key):
             return None
-        versions = self.versions()
+        overlay = self.overlay(state)
         params = {
             "pyproject": str(state.pyproject),
             "check": check,
             "mode": mode,
             "world_sizes": world_sizes,
-            "overlay": self.overlay(state),
+            "overlay": overlay,
         }
         self.running = key
         self.notify_client(VERIFICATION_STARTED, {"check": check, "mode": mode})
@@ -280,10 +322,13 @@ class ShardproofLanguageServer(LanguageServer):
         if generation is not None and generation != self.generation.get(key):
             log.info("dropping a stale result for %s", check)
             return None
-        changed = {uri for uri, version in self.versions().items() if versions.get(uri) != version}
         deps = {_real(p) for p in result.dependencies} | {_real(str(state.pyproject))}
-        if generation is not None and any(_real(to_fs_path(uri) or "") in deps for uri in changed):
-            log.info("dropping a result for %s: a file changed while it ran", check)
+        if generation is not None and self.changed_since(overlay, deps):
+            # what the user has now is not what was verified: verify that instead (opening a file
+            # with the text on disk is no change, so the result stands)
+            log.info("dropping a result for %s: a file changed while it ran; verifying again", check)
+            if generation == self.generation.get(key):
+                self.schedule(state, check, 0.0)
             return None
         if result.error is not None or any(r.error for r in result.results):
             # A run that failed early saw fewer files: keep the ones we knew, and the failing file.
@@ -293,6 +338,7 @@ class ShardproofLanguageServer(LanguageServer):
                     deps.add(_real(error["site"]["file"]))
         state.failures.pop(check, None)
         state.results[check] = (mode, result)
+        state.overlays[check] = {_real(path): text for path, text in overlay.items()}
         state.dependencies[check] = deps
         self.publish()
         self.notify_client(VERIFICATION_FINISHED, self.summary_of(result, mode))
@@ -308,6 +354,7 @@ class ShardproofLanguageServer(LanguageServer):
                 {"worldSize": r.world_size, "verdict": r.verdict, "summary": r.summary} for r in result.results
             ],
             "discrepancies": sum(len(r.discrepancies) for r in result.results),
+            "unproven": sum(len(r.unproven) for r in result.results),
             "error": result.error["message"] if result.error else None,
         }
 
@@ -364,9 +411,9 @@ class ShardproofLanguageServer(LanguageServer):
             wanted = self._discrepancy_at(str(where.get("uri", "")), int(where.get("line", -1)), where.get("code"))
         for state in self.projects:
             for name, (_, result) in state.results.items():
-                sizes = [r.world_size for r in result.results if any(d.id == wanted for d in r.discrepancies)]
+                sizes = [r.world_size for r in result.results if any(d.id == wanted for d in _findings(r))]
                 for r in result.results:
-                    for d in r.discrepancies:
+                    for d in _findings(r):
                         if d.id == wanted:
                             return state, name, d, sizes
         return None
@@ -378,11 +425,12 @@ class ShardproofLanguageServer(LanguageServer):
         for state in self.projects:
             for _, result in state.results.values():
                 for world in result.results:
-                    for d in world.discrepancies:
+                    for d in _findings(world):
                         if d.primary is None or not diag.same_file(d.primary.file, path):
                             continue
                         span = diag.to_range(d.primary, self.text_of(d.primary.file))
-                        if span.start.line <= line <= span.end.line and (code is None or code == d.kind):
+                        shown_code = "unproven" if d in world.unproven else d.kind
+                        if span.start.line <= line <= span.end.line and code in (None, shown_code, d.kind):
                             return d.id
         return None
 
@@ -395,7 +443,8 @@ class ShardproofLanguageServer(LanguageServer):
             "discrepancyId": d.id,
             "check": name,
             "worldSizes": sizes,
-            "kind": d.kind,
+            "kind": "unproven" if d.details.get("suspected") else d.kind,
+            "verdict": "unproven" if d.details.get("suspected") else "discrepancy",
             "markdown": explain(d, name, sizes, state.root),
             "svg": picture(d),
         }
@@ -487,22 +536,32 @@ class ShardproofLanguageServer(LanguageServer):
                         ),
                     )
 
-                while self.running is not None:
-                    await asyncio.sleep(0.05)
-                pending = self.pending.pop(key, None)
-                if pending is not None:
-                    pending.cancel()
-                result = await self.verify(state, check.name, "full", None, None, on_progress)
+                result = None
+                for _attempt in range(1 + FULL_MODEL_RETRIES):
+                    while self.running is not None:
+                        await asyncio.sleep(0.05)
+                    pending = self.pending.pop(key, None)
+                    if pending is not None:
+                        pending.cancel()
+                    state.failures.pop(check.name, None)
+                    result = await self.verify(state, check.name, "full", None, None, on_progress)
+                    if result is not None or _cancelled(progress, token) or check.name in state.failures:
+                        break
+                    # an edit to a file of the check cancelled the run: verify it again once the
+                    # edit's own (quick) verification is done
+                    log.info("the full verification of %s was interrupted by an edit; running it again", check.name)
                 finished += units[key]
                 if result is None:
                     if _cancelled(progress, token):
                         cancelled = True
                         break
+                    failure = state.failures.get(check.name)
                     summary.append(
                         {
                             "check": check.name,
-                            "verdict": "error",
-                            "error": state.failures.get(check.name, "not verified"),
+                            "verdict": "error" if failure else "interrupted",
+                            "error": failure
+                            or f"interrupted by edits {1 + FULL_MODEL_RETRIES} times; run Verify Full Model again",
                         }
                     )
                     continue
@@ -517,9 +576,16 @@ class ShardproofLanguageServer(LanguageServer):
             "checks": summary,
             "verified": verdicts.count("verified"),
             "discrepancy": verdicts.count("discrepancy"),
+            "unproven": verdicts.count("unproven"),
             "inconclusive": verdicts.count("inconclusive"),
+            "interrupted": verdicts.count("interrupted"),
             "error": verdicts.count("error"),
         }
+
+
+def _findings(world: WorldSizeResult) -> list[Discrepancy]:
+    """A world size's shown discrepancies and its unproven findings (both get diagnostics)."""
+    return [*world.discrepancies, *world.unproven]
 
 
 def _cancelled(progress: Any, token: str) -> bool:

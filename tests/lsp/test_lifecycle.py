@@ -1,0 +1,44 @@
+"""Document lifecycle edge cases a real editor produces: changes to documents it never opened,
+results of buffers that were closed, a project opened without typing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from lsp_helpers import diagnostics_of, open_document, replace_document, tiny_fixture, wait_for
+from lsprotocol import types
+
+pytestmark = pytest.mark.slow
+
+tiny = tiny_fixture("lifecycle", ["ok"])
+
+
+async def test_a_change_to_a_document_never_opened_is_no_popup(tiny) -> None:
+    client = tiny
+    parallel = client.root / "tinymlp/parallel.py"
+    replace_document(client, parallel, parallel.read_text() + "\n", 5)  # never opened
+    await asyncio.sleep(1.0)
+    assert not [m for m in client.messages if "Error in server" in m.message], client.messages
+    assert any("never opened" in m.message for m in client.log_messages), [m.message for m in client.log_messages]
+    open_document(client, parallel)  # the server still serves
+    await wait_for(lambda: parallel.as_uri() in client.diagnostics, timeout=30, client=client)
+    assert not diagnostics_of(client, parallel)
+
+
+async def test_closing_an_unsaved_buffer_withdraws_what_was_found_in_it(tiny) -> None:
+    client = tiny
+    parallel = client.root / "tinymlp/parallel.py"
+    open_document(client, parallel)
+    await wait_for(lambda: parallel.as_uri() in client.diagnostics and client.verificationFinished, client=client)
+    text = parallel.read_text()
+    assert text.count("        dist.all_reduce(y)\n") >= 1
+    broken = text.replace("        dist.all_reduce(y)\n", "", 1)  # the correct MLP loses its all-reduce
+    replace_document(client, parallel, broken, 2)
+    await wait_for(lambda: [d for d in diagnostics_of(client, parallel) if d.severity == 1], client=client)
+    client.text_document_did_close(
+        types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=parallel.as_uri()))
+    )
+    # the file on disk is correct: the squiggle found in the unsaved buffer goes away
+    await wait_for(lambda: client.verificationFinished[-1]["verdict"] == "verified", client=client)
+    assert not diagnostics_of(client, parallel)
