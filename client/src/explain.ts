@@ -11,6 +11,36 @@ export interface Explanation {
 }
 
 let panel: vscode.WebviewPanel | undefined;
+let shown: { explanation: Explanation; html: string } | undefined;
+let watcher: vscode.Disposable | undefined;
+
+/** Whether any shardproof diagnostic still carries this finding's id (languageclient keeps `data`). */
+function stillReported(discrepancyId: string): boolean {
+  return vscode.languages
+    .getDiagnostics()
+    .some(([, diagnostics]) =>
+      diagnostics.some((d) => {
+        const data = (d as { data?: { discrepancyId?: string } }).data;
+        return d.source === 'shardproof' && data?.discrepancyId === discrepancyId;
+      }),
+    );
+}
+
+/** Mark the open explanation once its finding is no longer reported (fixed, or the code changed). */
+function watchResolution(): void {
+  watcher?.dispose();
+  watcher = vscode.languages.onDidChangeDiagnostics(() => {
+    if (!panel || !shown || stillReported(shown.explanation.discrepancyId)) {
+      return;
+    }
+    panel.title = `shardproof: ${shown.explanation.kind} (no longer reported)`;
+    const banner =
+      '<p class="resolved"><strong>No longer reported.</strong> The code changed and shardproof no longer ' +
+      'finds this; the explanation below is of the earlier version.</p>';
+    panel.webview.html = page(banner + shown.html, shown.explanation.svg ?? '');
+    shown = undefined;
+  });
+}
 
 /** Internal command behind the explanation's code-site links (not in the command palette). */
 export const OPEN_LOCATION_COMMAND = 'shardproof.openLocation';
@@ -47,11 +77,16 @@ export async function showExplanation(explanation: Explanation): Promise<void> {
     );
     panel.onDidDispose(() => {
       panel = undefined;
+      shown = undefined;
+      watcher?.dispose();
+      watcher = undefined;
     });
   }
   panel.title = `shardproof: ${explanation.kind}`;
   panel.webview.html = page(html, explanation.svg ?? '');
   panel.reveal(vscode.ViewColumn.Beside, true);
+  shown = { explanation, html };
+  watchResolution();
 }
 
 async function renderMarkdown(markdown: string): Promise<string> {
@@ -117,6 +152,7 @@ function page(body: string, svg: string): string {
   code { font-family: var(--vscode-editor-font-family); background: var(--vscode-textCodeBlock-background);
          padding: 0 0.25em; border-radius: 3px; }
   a { color: var(--vscode-textLink-foreground); }
+  .resolved { padding: 0.5em; border-left: 3px solid var(--vscode-editorWarning-foreground); }
   .picture { margin: 1em 0; padding: 0.5em; border: 1px solid var(--vscode-panel-border); border-radius: 4px;
              background: var(--vscode-editor-background); overflow-x: auto; }
 </style></head>

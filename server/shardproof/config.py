@@ -58,8 +58,10 @@ through `load_project`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,6 +203,37 @@ class Project:
         return Frame(str(self.pyproject), line, "[tool.shardproof]")
 
 
+# The keys each table of the declaration knows (dashes; underscores are accepted too).
+SECTION_KEYS = ("python-path", "check")
+CHECK_KEYS = (
+    "name",
+    "reference",
+    "parallel",
+    "inputs",
+    "world-sizes",
+    "outputs",
+    "parameters",
+    "bounds",
+    "gradients",
+    "quick",
+)
+BOUNDS_KEYS = ("iterations", "seconds", "memory-mb", "max-rows")
+QUICK_KEYS = ("reference", "parallel", "inputs", "world-sizes")
+
+
+def _reject_unknown(
+    table: dict[str, Any], known: tuple[str, ...], where: str, line_of: Callable[[str], int], site: Any
+) -> None:
+    """A key the table does not know is a mistake (`worldsize = 3` would otherwise be ignored
+    silently): reported at its line, with the closest known key."""
+    for key in table:
+        if key.replace("_", "-") in known:
+            continue
+        close = difflib.get_close_matches(key.replace("_", "-").lower(), known, n=1, cutoff=0.5)
+        hint = f"; did you mean `{close[0]}`?" if close else f" (known: {', '.join(known)})"
+        raise ConfigError(f"{where}: unknown key `{key}`{hint}", site(line_of(key)))
+
+
 def _key(table: dict[str, Any], name: str) -> Any:
     for spelling in (name, name.replace("_", "-"), name.replace("-", "_")):
         if spelling in table:
@@ -245,11 +278,23 @@ def parse_project(text: str, pyproject: Path) -> Project:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         match = re.search(r"line (\d+)", str(exc))
-        raise ConfigError(f"pyproject.toml is not valid TOML: {exc}", site(int(match[1]) if match else 1)) from None
+        line = int(match[1]) if match else 1
+        opened = unclosed_bracket_line(lines, line)
+        message = f"pyproject.toml is not valid TOML: {exc}"
+        if opened is not None and opened != line:
+            message += f"; the bracket opened on line {opened} is not closed"
+        raise ConfigError(message, site(opened or line)) from None
     tool = data.get("tool", {}).get("shardproof")
     if tool is None:
         raise ConfigError("pyproject.toml has no [tool.shardproof] section", site(1))
     section_line = _line_of(lines, "tool.shardproof")
+    _reject_unknown(
+        tool,
+        SECTION_KEYS,
+        "[tool.shardproof]",
+        lambda key: _line_of(lines, key.replace("_", "-"), section_line - 1),
+        site,
+    )
     root = pyproject.parent
     python_path_raw = _key(tool, "python_path") or ["."]
     if not isinstance(python_path_raw, list) or not all(isinstance(p, str) for p in python_path_raw):
@@ -333,6 +378,7 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
     name = _key(raw, "name")
     if not isinstance(name, str) or not name:
         raise ConfigError("a check needs a non-empty `name`", site(line))
+    _reject_unknown(raw, CHECK_KEYS, f"check {name!r}", key_line, site)
     if name in seen:
         raise ConfigError(f"check name {name!r} is declared twice", site(key_line("name")))
     seen.add(name)
@@ -388,6 +434,7 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
     bounds_raw = _key(raw, "bounds") or {}
     if not isinstance(bounds_raw, dict):
         raise ConfigError(f"check {name!r}: `bounds` must be a table", site(key_line("bounds")))
+    _reject_unknown(bounds_raw, BOUNDS_KEYS, f"check {name!r} bounds", key_line, site)
     defaults = Bounds()
     try:
         bounds = Bounds(
@@ -428,6 +475,7 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
                 return found
         return quick_line
 
+    _reject_unknown(quick_raw, QUICK_KEYS, f"check {name!r} quick", quick_key_line, site)
     changes: dict[str, Any] = {}
     for key in ("reference", "parallel", "inputs"):
         value = _key(quick_raw, key)
@@ -463,3 +511,38 @@ def _parse_check(raw: Any, line: int, lines: list[str], site: Any, seen: set[str
     return dataclasses.replace(
         check, quick=dataclasses.replace(check, **changes, key_lines=check.key_lines + quick_key_lines)
     )
+
+
+def unclosed_bracket_line(lines: list[str], upto: int) -> int | None:
+    """The line of the innermost `[` or `{` of a value still open at line `upto` (1-based): tomllib
+    notices an unclosed array only where the next key begins, lines after the mistake."""
+    stack: list[int] = []
+    quote: str | None = None
+    for number, text in enumerate(lines[:upto], start=1):
+        i = 0
+        while i < len(text):
+            char = text[i]
+            if quote is not None:
+                if text.startswith(quote, i):
+                    i += len(quote)
+                    quote = None
+                    continue
+                if char == "\\" and quote == '"':
+                    i += 2
+                    continue
+            elif char == "#":
+                break
+            elif text.startswith(('"""', "'''"), i):
+                quote = text[i : i + 3]
+                i += 3
+                continue
+            elif char in "\"'":
+                quote = char
+            elif char in "[{":
+                stack.append(number)
+            elif char in "]}" and stack:
+                stack.pop()
+            i += 1
+        if quote is not None and len(quote) == 1:
+            quote = None  # a one-line string ends with its line
+    return stack[-1] if stack else None

@@ -42,3 +42,23 @@ async def test_closing_an_unsaved_buffer_withdraws_what_was_found_in_it(tiny) ->
     # the file on disk is correct: the squiggle found in the unsaved buffer goes away
     await wait_for(lambda: client.verificationFinished[-1]["verdict"] == "verified", client=client)
     assert not diagnostics_of(client, parallel)
+
+
+shared_error = tiny_fixture("shared-error", ["ok", "column-only"])
+
+
+async def test_an_error_every_check_hits_is_one_squiggle_naming_the_checks(shared_error) -> None:
+    client = shared_error
+    parallel = client.root / "tinymlp/parallel.py"
+    open_document(client, parallel)
+    await wait_for(lambda: len(client.verificationFinished) >= 2, client=client)
+    broken = parallel.read_text().replace("def parallel_ok(", "def parallel_ok(:", 1)  # a syntax error
+    replace_document(client, parallel, broken, 2)
+    found = await wait_for(
+        lambda: [d for d in diagnostics_of(client, parallel) if d.code == "user-code-error"]
+        if sum(e["verdict"] == "error" for e in client.verificationFinished) >= 2
+        else None,
+        client=client,
+    )
+    (diagnostic,) = found
+    assert "checks ok, column-only" in diagnostic.message or "checks column-only, ok" in diagnostic.message

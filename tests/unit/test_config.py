@@ -151,3 +151,38 @@ def test_a_packed_shard_holds_the_rank_block_of_every_part() -> None:
 def test_a_pipeline_declares_that_only_the_last_rank_returns_the_output() -> None:
     project = parse(GOOD.replace('outputs = "replicated"', 'outputs = "last-rank"'))
     assert project.check("llama-tp").outputs == "last-rank"
+
+
+def test_an_unclosed_bracket_is_reported_where_it_opens() -> None:
+    text = '[tool.shardproof]\npython-path = ["src"\n\n[[tool.shardproof.check]]\nname = "x"\n'
+    with pytest.raises(ConfigError) as info:
+        parse(text)
+    assert info.value.site is not None and info.value.site.line == 2
+    assert "the bracket opened on line 2 is not closed" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("change", "message", "line"),
+    [
+        (
+            ("outputs = ", "worldsize = 3\noutputs = "),
+            "check 'llama-tp': unknown key `worldsize`; did you mean `world-sizes`?",
+            11,
+        ),
+        (
+            ("iterations = 50", "iteration = 50"),
+            "check 'llama-tp' bounds: unknown key `iteration`; did you mean `iterations`?",
+            18,
+        ),
+        (
+            ('python-path = ["src"]', 'pythonpath = ["src"]'),
+            "[tool.shardproof]: unknown key `pythonpath`; did you mean `python-path`?",
+            3,
+        ),
+    ],
+)
+def test_an_unknown_key_is_reported_at_its_line_with_the_closest_known_key(change, message, line) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(GOOD.replace(*change))
+    assert info.value.message == message
+    assert info.value.site is not None and info.value.site.line == line

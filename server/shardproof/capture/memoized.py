@@ -102,7 +102,7 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
             capture_rank,
             world_size,
             check_first=check_first,
-            announce=lambda rank: capture.progress(f"capturing rank {rank} of {world_size} (blocks once)"),
+            announce=lambda rank: capture.progress(f"capturing rank {rank} of {world_size}, each distinct layer once"),
         )
     units = _units(reference, ranks)
     for program in [reference, *ranks]:

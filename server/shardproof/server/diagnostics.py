@@ -215,8 +215,33 @@ def _error(
         message,
         types.DiagnosticSeverity.Error,
         code,
-        {"check": check, "kind": code},
+        {"check": check, "kind": code, "error": error["message"], "worldSize": world_size},
     )
+
+
+def merge_errors(found: list[types.Diagnostic]) -> list[types.Diagnostic]:
+    """One diagnostic for an error several checks hit at the same place (an import, syntax or
+    builder error in a file they share), naming the checks, instead of identical squiggles."""
+    merged: list[types.Diagnostic] = []
+    groups: dict[tuple[Any, ...], types.Diagnostic] = {}
+    for diagnostic in found:
+        data = diagnostic.data if isinstance(diagnostic.data, dict) else {}
+        if "error" not in data:
+            merged.append(diagnostic)
+            continue
+        r = diagnostic.range
+        key = (r.start.line, r.start.character, r.end.line, r.end.character, diagnostic.code, data["error"])
+        first = groups.get(key)
+        if first is None:
+            groups[key] = diagnostic
+            merged.append(diagnostic)
+            continue
+        checks = first.data.setdefault("checks", [first.data["check"]])
+        if data["check"] not in checks:
+            checks.append(data["check"])
+        if len(checks) > 1:
+            first.message = f"{data['error']} (checks {', '.join(checks)})"
+    return merged
 
 
 def worker_problem(check: str, reason: str, pyproject: str, check_line: int, text_of: TextOf) -> FileDiagnostic:

@@ -394,7 +394,7 @@ class ShardproofLanguageServer(LanguageServer):
             document = self.workspace.text_documents.get(uri)
             self.text_document_publish_diagnostics(
                 types.PublishDiagnosticsParams(
-                    uri=uri, diagnostics=found, version=document.version if document else None
+                    uri=uri, diagnostics=diag.merge_errors(found), version=document.version if document else None
                 )
             )
         for uri in self.published - uris:
