@@ -134,13 +134,17 @@ def tiny_project(root: Path, checks: list[str]) -> None:
     (root / "pyproject.toml").write_text(head + "".join("[[tool.shardproof.check]]" + b for b in kept))
 
 
-def tiny_fixture(name: str, checks: list[str], options: dict | None = None):
-    """A pytest-lsp client fixture on a copy of the tiny fixture with only `checks` declared."""
+def tiny_fixture(name: str, checks: list[str], options: dict | None = None, extra: dict | None = None):
+    """A pytest-lsp client fixture on a copy of the tiny fixture with only `checks` declared, and
+    `extra` files (relative path -> text; a pyproject.toml entry is appended to the declaration)."""
 
     @pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER))
     async def client(lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory):
         root = tmp_path_factory.mktemp(name)
         tiny_project(root, checks)
+        for relative, text in (extra or {}).items():
+            target = root / relative
+            target.write_text((target.read_text() if relative == "pyproject.toml" else "") + text)
         lsp_client.root = root  # type: ignore[attr-defined]
 
         @lsp_client.feature(types.CLIENT_REGISTER_CAPABILITY)

@@ -55,8 +55,10 @@ async def test_a_newer_edit_cancels_the_running_verification(example) -> None:
     # the server publishes a run's diagnostics, then says it finished: wait for both (under load the
     # notification may be read a moment after the diagnostics)
     await wait_for(
-        lambda: {d.code for d in diagnostics_of(client, tp)} == {"bias-before-reduction"}
-        and any(e["verdict"] == "discrepancy" for e in _finished(client)[finished:])
+        lambda: (
+            {d.code for d in diagnostics_of(client, tp)} == {"bias-before-reduction"}
+            and any(e["verdict"] == "discrepancy" for e in _finished(client)[finished:])
+        )
     )
     later = _finished(client)[finished:]
     assert later and all("partial sum of the linear" not in w["summary"] for e in later for w in e["worldSizes"]), (

@@ -55,10 +55,56 @@ async def test_an_error_every_check_hits_is_one_squiggle_naming_the_checks(share
     broken = parallel.read_text().replace("def parallel_ok(", "def parallel_ok(:", 1)  # a syntax error
     replace_document(client, parallel, broken, 2)
     found = await wait_for(
-        lambda: [d for d in diagnostics_of(client, parallel) if d.code == "user-code-error"]
-        if sum(e["verdict"] == "error" for e in client.verificationFinished) >= 2
-        else None,
+        lambda: (
+            [d for d in diagnostics_of(client, parallel) if d.code == "user-code-error"]
+            if sum(e["verdict"] == "error" for e in client.verificationFinished) >= 2
+            else None
+        ),
         client=client,
     )
     (diagnostic,) = found
     assert "checks ok, column-only" in diagnostic.message or "checks column-only, ok" in diagnostic.message
+
+
+HANG = """
+from .parallel import ParallelMLP
+
+
+def parallelize(ref, rank, world_size):
+    while True:
+        pass
+    return ParallelMLP(ref, rank, world_size)
+"""
+HANG_CHECK = """
+[[tool.shardproof.check]]
+name = "never-returns"
+reference = "tinymlp.model:build"
+parallel = "tinymlp.hang:parallelize"
+inputs = "tinymlp.model:inputs"
+world-sizes = [2]
+"""
+hang = tiny_fixture(
+    "hang",
+    [],
+    options={"debounceMs": 200, "workerTimeoutSeconds": 25},
+    extra={"tinymlp/hang.py": HANG, "pyproject.toml": HANG_CHECK},
+)
+
+
+async def test_a_builder_that_never_returns_is_shown_where_it_runs(hang) -> None:
+    client = hang
+    source = client.root / "tinymlp/hang.py"
+    loop_line = next(i for i, line in enumerate(source.read_text().splitlines()) if line.strip() == "pass")
+    open_document(client, source)
+    # within seconds: a hint at the line the verification is executing
+    hint = await wait_for(
+        lambda: [d for d in diagnostics_of(client, source) if d.code == "still-running"], timeout=20, client=client
+    )
+    assert hint[0].range.start.line in (loop_line - 1, loop_line)
+    assert "still running here" in hint[0].message
+    # at the timeout: the check is reported at that line, not at its declaration
+    stopped = await wait_for(
+        lambda: [d for d in diagnostics_of(client, source) if d.code == "worker-failed"], timeout=60, client=client
+    )
+    assert stopped[0].range.start.line in (loop_line - 1, loop_line)
+    assert "while it was running hang.py" in stopped[0].message

@@ -105,6 +105,9 @@ def map_ranks(
 def _serve_child(capture_one: Callable[[int], object], ranks: list[int], write_end: int) -> None:
     code = 0
     try:
+        from ..worker import stacks
+
+        stacks.register()  # the server may ask where this child is (a builder that never returns)
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(1)

@@ -244,17 +244,41 @@ def merge_errors(found: list[types.Diagnostic]) -> list[types.Diagnostic]:
     return merged
 
 
-def worker_problem(check: str, reason: str, pyproject: str, check_line: int, text_of: TextOf) -> FileDiagnostic:
+def worker_problem(
+    check: str, reason: str, pyproject: str, check_line: int, text_of: TextOf, site: Site | None = None
+) -> FileDiagnostic:
+    """The worker could not verify a check: at the line it was running when stopped (an endless
+    loop in a builder), else at the check's declaration."""
+    message = f"{check}: not verified: {reason}; the worker was restarted and will retry on the next change"
+    if site is not None:
+        path, range_ = site.file, to_range(site, text_of(site.file))
+    else:
+        path, range_ = pyproject, _at_declaration(pyproject, check_line, text_of)
     return FileDiagnostic(
-        pyproject,
+        path,
         types.Diagnostic(
-            range=_at_declaration(pyproject, check_line, text_of),
-            message=f"{check}: not verified: {reason}; the worker was restarted and will retry on the next change",
+            range=range_,
+            message=message,
             severity=types.DiagnosticSeverity.Warning,
             code="worker-failed",
             code_description=types.CodeDescription(href=docs_uri("worker-failed")),
             source=SOURCE,
             data={"check": check, "kind": "worker-failed"},
+        ),
+    )
+
+
+def still_running(check: str, seconds: float, site: Site, text_of: TextOf) -> FileDiagnostic:
+    """A hint at the line a long verification is executing (is it an endless loop?)."""
+    return FileDiagnostic(
+        site.file,
+        types.Diagnostic(
+            range=to_range(site, text_of(site.file)),
+            message=f"{check}: still running here after {seconds:.0f} s (the verification runs this line of your code)",
+            severity=types.DiagnosticSeverity.Information,
+            code="still-running",
+            source=SOURCE,
+            data={"check": check, "kind": "still-running"},
         ),
     )
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import linecache
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ from ..config import Project, find_pyproject, parse_project
 from ..errors import ConfigError, ShardproofError
 from ..localize.explain import explain
 from ..localize.picture import picture
-from ..results import CheckResult, Discrepancy, WorldSizeResult
+from ..results import CheckResult, Discrepancy, Site, WorldSizeResult
 from ..source_map import mechanical_fix
 from . import diagnostics as diag
 from .settings import Settings
@@ -43,6 +45,8 @@ PROGRESS = "shardproof/progress"
 CMD_VERIFY_FULL_MODEL = "shardproof.server.verifyFullModel"
 CMD_EXPLAIN = "shardproof.server.explainDiscrepancy"
 CLIENT_CMD_EXPLAIN = "shardproof.explainDiscrepancy"
+# After how long a running verification tells the user where in their code it is (and again after as long).
+STILL_RUNNING_SECONDS = 10.0
 # How often Verify Full Model runs a check again after an edit cancelled its run.
 FULL_MODEL_RETRIES = 1
 
@@ -61,6 +65,7 @@ class ProjectState:
     results: dict[str, tuple[str, CheckResult]] = field(default_factory=dict)
     dependencies: dict[str, set[str]] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)  # check -> why the worker could not verify it
+    failure_sites: dict[str, Site] = field(default_factory=dict)  # check -> the line it ran when stopped
     # check -> the unsaved buffers its stored result was computed from (path -> text)
     overlays: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -95,6 +100,8 @@ class ShardproofLanguageServer(LanguageServer):
         self.background: set[asyncio.Task[Any]] = set()
         self.full_model_running = False
         self.folders: list[str] = []
+        # (project, check, the user's line it is executing, seconds) of a long verification
+        self.running_at: tuple[ProjectState, str, Site, float] | None = None
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         # pygls reports a failure to send (the client went away) by sending a message about it,
@@ -227,7 +234,7 @@ class ShardproofLanguageServer(LanguageServer):
             state.config_error = exc
             log.warning("declaration error: %s", exc.message)
         names = set(state.check_names())
-        for table in (state.results, state.dependencies, state.failures, state.overlays):
+        for table in (state.results, state.dependencies, state.failures, state.overlays, state.failure_sites):
             for name in list(table):
                 if name not in names:
                     del table[name]
@@ -306,18 +313,27 @@ class ShardproofLanguageServer(LanguageServer):
             if on_progress is not None:
                 on_progress(event)
 
+        watchdog = self.spawn(self._watch(state, check))
         try:
             reply = await self.worker.run("verify", params, self.settings.worker_timeout_seconds, forward)
         except JobCancelled:
             log.info("verification of %s (%s) cancelled", check, mode)
             return None
         except WorkerFailure as failure:
-            state.failures[check] = failure.reason
-            self.message(types.MessageType.Warning, f"shardproof: {check}: {failure.reason}; the worker was restarted")
-            self.publish()
+            reason = failure.reason
+            running = self.running_at
+            if running is not None and running[1] == check:
+                site = running[2]
+                reason += f", while it was running {os.path.basename(site.file)}:{site.line} in {site.function}"
+                state.failure_sites[check] = site
+            state.failures[check] = reason
+            self.message(types.MessageType.Warning, f"shardproof: {check}: {reason}; the worker was restarted")
             return None
         finally:
+            watchdog.cancel()
             self.running = None
+            self.running_at = None
+            self.publish()
         result = CheckResult.from_dict(reply["result"])
         if generation is not None and generation != self.generation.get(key):
             log.info("dropping a stale result for %s", check)
@@ -337,12 +353,31 @@ class ShardproofLanguageServer(LanguageServer):
                 if error and error.get("site"):
                     deps.add(_real(error["site"]["file"]))
         state.failures.pop(check, None)
+        state.failure_sites.pop(check, None)
         state.results[check] = (mode, result)
         state.overlays[check] = {_real(path): text for path, text in overlay.items()}
         state.dependencies[check] = deps
         self.publish()
         self.notify_client(VERIFICATION_FINISHED, self.summary_of(result, mode))
         return result
+
+    async def _watch(self, state: ProjectState, check: str) -> None:
+        """While a verification runs long, tell the user where in their code it is (every
+        STILL_RUNNING_SECONDS: a progress notification, a log line and a hint at the line)."""
+        started = time.monotonic()
+        while True:
+            await asyncio.sleep(STILL_RUNNING_SECONDS)
+            frame = await self.worker.where(str(state.root))
+            if frame is None:
+                continue
+            seconds = time.monotonic() - started
+            text = linecache.getline(frame.file, frame.line).strip()
+            site = Site(frame.file, frame.line, code=text, function=frame.function)
+            self.running_at = (state, check, site, seconds)
+            where = f"{os.path.basename(frame.file)}:{frame.line} in {frame.function}"
+            log.info("%s is still running after %.0f s, at %s", check, seconds, where)
+            self.notify_client(PROGRESS, {"check": check, "stage": f"still running after {seconds:.0f} s at {where}"})
+            self.publish()
 
     @staticmethod
     def summary_of(result: CheckResult, mode: str) -> dict[str, Any]:
@@ -383,8 +418,13 @@ class ShardproofLanguageServer(LanguageServer):
                 for fd in diag.for_check(result, mode, self.text_of, pyproject, state.check_line(name)):
                     by_file.setdefault(_real(fd.path), []).append(fd.diagnostic)
             for name, reason in state.failures.items():
-                fd = diag.worker_problem(name, reason, pyproject, state.check_line(name), self.text_of)
+                site = state.failure_sites.get(name)
+                fd = diag.worker_problem(name, reason, pyproject, state.check_line(name), self.text_of, site)
                 by_file.setdefault(_real(fd.path), []).append(fd.diagnostic)
+        if self.running_at is not None:
+            _, check, site, seconds = self.running_at
+            fd = diag.still_running(check, seconds, site, self.text_of)
+            by_file.setdefault(_real(fd.path), []).append(fd.diagnostic)
         uris: set[str] = set()
         for path, found in by_file.items():
             uri = from_fs_path(path)

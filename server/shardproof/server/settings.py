@@ -17,7 +17,8 @@ RUN_MODES = ("onType", "onSave")
 class Settings:
     run: str = "onType"  # re-verify on every edit (debounced) or only on save
     debounce_ms: int = 600
-    worker_timeout_seconds: float = 300.0
+    # a verification running longer is stopped (the user is told where it was after 10 s already)
+    worker_timeout_seconds: float = 120.0
     log_level: str = "info"
 
     @staticmethod

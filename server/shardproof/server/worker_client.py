@@ -9,10 +9,12 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..worker import stacks
 from ..worker.protocol import decode, encode
 
 log = logging.getLogger("shardproof.server")
@@ -48,7 +50,9 @@ class _Job:
 class WorkerClient:
     def __init__(self, on_state: StateCallback | None = None, env: dict[str, str] | None = None) -> None:
         self.on_state = on_state or (lambda state, detail: None)
-        self.env = env
+        # where the worker's processes write their stacks when asked (worker/stacks.py)
+        self.stacks_dir = tempfile.mkdtemp(prefix="shardproof-stacks-")
+        self.env = {**(env if env is not None else os.environ), stacks.DIRECTORY_ENV: self.stacks_dir}
         self.process: asyncio.subprocess.Process | None = None
         self.info: dict[str, Any] = {}
         self._job: _Job | None = None
@@ -137,6 +141,14 @@ class WorkerClient:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(process.wait(), timeout=5)
         await self.start()
+
+    async def where(self, root: str) -> stacks.Frame | None:
+        """The line of the project at `root` the running job is executing (None when it is not in
+        the project's code, or no job runs)."""
+        if self._job is None or self.process is None:
+            return None
+        sampled = await asyncio.to_thread(stacks.sample, self.stacks_dir)
+        return stacks.running_in(sampled, root)
 
     # -- jobs ----------------------------------------------------------------------------------------
     async def run(

@@ -182,6 +182,9 @@ def main() -> None:
     import egglog  # noqa: F401 - import the heavy libraries before saying ready
     import torch
 
+    from . import stacks
+
+    stacks.register()  # the server may ask where a long job is in the user's code
     worker = Worker(protocol_out)
     from importlib.metadata import version
 
