@@ -31,7 +31,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   const log = createLogChannel();
   const status = new StatusItem();
   let folder: vscode.WorkspaceFolder | undefined;
-  server = new ServerManager(status, () => folder);
+  server = new ServerManager(status, () => folder, context.extensionPath);
   context.subscriptions.push(log, status, server);
   registerCommands(context, server);
 

@@ -78,8 +78,3 @@ export function checkShardproof(interpreter: Interpreter): Promise<ImportCheck> 
     });
   });
 }
-
-export function installCommand(interpreter: Interpreter): string {
-  const python = [interpreter.command, ...interpreter.args].map((part) => (part.includes(' ') ? `"${part}"` : part));
-  return `${python.join(' ')} -m pip install shardproof`;
-}

@@ -14,7 +14,8 @@ import {
 } from 'vscode-languageclient/node';
 import { Commands, Notifications, SERVER_MODULE } from './constants';
 import { logChannel, traceError, traceInfo } from './logging';
-import { checkShardproof, installCommand, Interpreter, resolveInterpreter } from './python';
+import { bundledWheel, CPU_TORCH_INDEX, installCommand, runInstall } from './install';
+import { checkShardproof, Interpreter, resolveInterpreter } from './python';
 import { readServerSettings } from './settings';
 import { StatusItem } from './status';
 
@@ -54,6 +55,7 @@ export class ServerManager implements vscode.Disposable {
   constructor(
     private readonly status: StatusItem,
     private readonly folder: () => vscode.WorkspaceFolder | undefined,
+    private readonly extensionPath?: string,
   ) {}
 
   restart(reason: string): Promise<void> {
@@ -141,18 +143,24 @@ export class ServerManager implements vscode.Disposable {
   }
 
   private reportNotInstalled(interpreter: Interpreter, detail: string): void {
-    const command = installCommand(interpreter);
+    const wheel = this.extensionPath ? bundledWheel(this.extensionPath) : undefined;
+    const command = installCommand(interpreter, wheel);
     traceError(`shardproof is not importable by ${interpreter.command}: ${detail}`);
     this.status.set({ kind: 'error', message: `shardproof is not installed for ${interpreter.command}` });
+    const actions = wheel ? ['Install', 'Copy Install Command', 'Show Logs'] : ['Copy Install Command', 'Show Logs'];
     void vscode.window
       .showErrorMessage(
-        `shardproof is not installed for ${interpreter.command}. Install it into that environment with: ${command} ` +
-          `(or choose another interpreter with the shardproof.interpreter setting).`,
-        'Copy Install Command',
-        'Show Logs',
+        `shardproof is not installed for ${interpreter.command}. ` +
+          (wheel ? 'Install the server that comes with this extension: ' : 'Install it from a clone: ') +
+          `${command} (it needs torch 2.13; where only PyPI is reachable pip takes its CUDA build, several GB: ` +
+          `add --extra-index-url ${CPU_TORCH_INDEX} for the CPU build). Or choose another interpreter with ` +
+          'the shardproof.interpreter setting.',
+        ...actions,
       )
       .then(async (choice) => {
-        if (choice === 'Copy Install Command') {
+        if (choice === 'Install') {
+          runInstall(command);
+        } else if (choice === 'Copy Install Command') {
           await vscode.env.clipboard.writeText(command);
         } else if (choice === 'Show Logs') {
           await vscode.commands.executeCommand(Commands.showLogs);

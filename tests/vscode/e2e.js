@@ -2,8 +2,10 @@
 // chromium. Scenario on the missing-all-reduce variant of the bundled example:
 //   squiggle at the line of the mistake, hover, Problems panel, status item;
 //   Ctrl+. -> "Explain discrepancy" -> the explanation appears;
-//   fix the line by typing -> the squiggle disappears;
-//   "shardproof: Verify Full Model" from the palette -> progress notification, then a summary.
+//   fix the line by typing -> the squiggle disappears, the explanation says it is no longer reported;
+//   "shardproof: Verify Full Model" from the palette -> progress notification, then a summary;
+//   a second check, correct but not proven by the rules -> a Warning squiggle whose hover says
+//   what the numeric witness found, and the explanation of an unproven finding.
 // Every step saves a screenshot to $SHOTS. Prints "N passed, M failed"; exits 1 on a failure.
 'use strict';
 const { activeLineNumber, goToLine, main, openFile, runCommand, screenshot, statusItem, step } = require('./harness');
@@ -13,6 +15,7 @@ const WS = process.env.CS_WS;
 const MISTAKE_LINE = 78;
 const REFERENCE_LINE = 104; // llama_example/model.py: the reference's wo call
 const FIX = 'return reduce_from_tp(F.linear(x, self.weight)) + self.bias';
+const UNPROVEN_LINE = Number(process.env.UNPROVEN_LINE); // tinymlp/parallel.py: the gathered-sum check
 
 main(async (page) => {
   await step('workbench opens on the workspace', page, async () => {
@@ -125,6 +128,8 @@ main(async (page) => {
     await page.keyboard.type(FIX, { delay: 5 });
     await screenshot(page, 'typed-fix');
     await page.locator('.monaco-editor .squiggly-error').first().waitFor({ state: 'detached', timeout: 120000 });
+    // the open explanation says its finding is no longer reported
+    await page.locator('.tabs-container .tab', { hasText: 'no longer reported' }).first().waitFor({ timeout: 30000 });
     await statusItem(page).filter({ hasNotText: 'discrepanc' }).filter({ hasNotText: 'verifying' }).waitFor({
       timeout: 60000,
     });
@@ -141,5 +146,26 @@ main(async (page) => {
     });
     await screenshot(page, 'full-model-summary');
     await statusItem(page).filter({ hasNotText: 'verifying' }).filter({ hasNotText: 'discrepanc' }).waitFor();
+  });
+
+  await step('a correct program the rules cannot prove is an unproven Warning, not an error', page, async () => {
+    await statusItem(page).filter({ hasText: '1 unproven' }).waitFor({ timeout: 60000 });
+    await openFile(page, 'parallel.py');
+    await goToLine(page, UNPROVEN_LINE);
+    const warning = page.locator('.monaco-editor .squiggly-warning').first();
+    await warning.waitFor({ state: 'attached', timeout: 120000 });
+    const box = await warning.boundingBox();
+    const current = await activeLineNumber(page, UNPROVEN_LINE).boundingBox();
+    if (!box || !current || Math.abs(box.y + box.height / 2 - (current.y + current.height / 2)) > current.height) {
+      throw new Error(`the warning is not on line ${UNPROVEN_LINE}`);
+    }
+    if ((await page.locator('.monaco-editor .squiggly-error').count()) > 0) {
+      throw new Error('a correct program shows an error squiggle');
+    }
+    await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+    const hover = page.locator('.monaco-hover:not(.hidden)', { hasText: 'not proven' }).first();
+    await hover.waitFor();
+    await hover.getByText('no difference found', { exact: false }).first().waitFor();
+    await screenshot(page, 'unproven-warning');
   });
 });

@@ -1,6 +1,7 @@
 // The extension's lifecycle in real VS Code (code-server), on the missing-all-reduce variant:
 //   an untrusted workspace starts nothing; trusting it starts the extension;
-//   an interpreter without shardproof -> an error naming the install command;
+//   an interpreter without shardproof -> an error naming the install command of the bundled wheel,
+//   with an Install button;
 //   choosing an interpreter that has it -> a restart and diagnostics;
 //   a setting that needs no restart reaches the running server (same process);
 //   "Restart Server" twice in a row -> still exactly one server;
@@ -122,9 +123,14 @@ main(async (page) => {
     const error = toast(page, 'shardproof is not installed for');
     await error.waitFor({ timeout: 60000 });
     const text = await error.textContent();
-    if (!text.includes(BARE_PYTHON) || !text.includes('-m pip install shardproof')) {
-      throw new Error(`the message does not name the interpreter and the install command: ${text}`);
+    // the install command names the server wheel the .vsix carries (bundled/shardproof-*.whl)
+    if (!text.includes(BARE_PYTHON) || !/-m pip install \S*bundled\/shardproof-[^ ]*\.whl/.test(text)) {
+      throw new Error(`the message does not name the interpreter and the bundled wheel's install command: ${text}`);
     }
+    if (!text.includes('download.pytorch.org/whl/cpu')) {
+      throw new Error(`the message does not say where torch's CPU build comes from: ${text}`);
+    }
+    await error.getByRole('button', { name: 'Install', exact: true }).waitFor();
     await statusItem(page).filter({ hasText: 'error' }).waitFor();
     await screenshot(page, 'not-installed');
     if (serverPids().length !== 0) {

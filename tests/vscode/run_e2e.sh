@@ -27,6 +27,24 @@ mkdir -p "$RUN/ud/User" "$RUN/ext" "$RUN/tmp" "$RUN/xdg"
 export XDG_CONFIG_HOME="$RUN/xdg/config" XDG_DATA_HOME="$RUN/xdg/data" XDG_CACHE_HOME="$RUN/xdg/cache" TMPDIR="$RUN/tmp"
 "$PYTHON" "$ROOT/examples/llama/bug_variants.py" "$RUN/ws" missing-all-reduce >/dev/null
 WS="$RUN/ws/missing-all-reduce"
+UNPROVEN_LINE=0
+if [ "$SCENARIO" = editing ]; then
+  # A second check that is correct but not proven by the rules (an all-reduce spelled as an
+  # all-gather and a sum, from the tiny fixture): its finding is an unproven Warning.
+  cp -r "$ROOT/tests/fixtures/tiny/tinymlp" "$WS/tinymlp"
+  rm -rf "$WS/tinymlp/__pycache__"
+  cat >> "$WS/pyproject.toml" <<'TOML'
+
+[[tool.shardproof.check]]
+name = "gathered-sum"
+reference = "tinymlp.model:build"
+parallel = "tinymlp.parallel:parallel_gathered_sum"
+inputs = "tinymlp.model:inputs"
+world-sizes = [2]
+outputs = "replicated"
+TOML
+  UNPROVEN_LINE="$(grep -n 'partial = F.linear(self.hidden(x), self.down_w)' "$WS/tinymlp/parallel.py" | cut -d: -f1)"
+fi
 INTERPRETER="$PYTHON"
 TRUST=false
 TRUST_FLAG=(--disable-workspace-trust)
@@ -87,4 +105,4 @@ done
 curl -sf -o /dev/null "http://127.0.0.1:$PORT/healthz" || { echo "code-server did not answer" >&2; exit 1; }
 
 NODE_PATH="$TOOLS" CHROMIUM_BIN="$(command -v chromium)" CS_URL="http://127.0.0.1:$PORT" CS_WS="$WS" \
-  CS_USER_DATA="$RUN/ud" SERVER_PYTHON="$PYTHON" BARE_PYTHON="$INTERPRETER" SHOTS="$ARTIFACTS" node "$SCRIPT"
+  CS_USER_DATA="$RUN/ud" UNPROVEN_LINE="$UNPROVEN_LINE" SERVER_PYTHON="$PYTHON" BARE_PYTHON="$INTERPRETER" SHOTS="$ARTIFACTS" node "$SCRIPT"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Install what the real-VS-Code end-to-end test needs, offline-safe (see shared/reference/vscode-e2e.md):
-# Debian's chromium, code-server 4.100.3 (the newest for node 20) and playwright-core, into
-# tests/vscode/.tools. Idempotent: does nothing when everything is already there.
+# Install what the real-VS-Code end-to-end test needs, offline-safe (see the README, "Quick start"):
+# the Debian packages chromium, ripgrep (seeds code-server's ripgrep instead of a download),
+# libkrb5-dev (headers a code-server dependency builds against) and build-essential, through
+# apt-get as root or with sudo (only the missing ones); then code-server 4.100.3 (the newest for
+# node 20) and playwright-core into tests/vscode/.tools. Idempotent: does nothing when everything
+# is already there.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 TOOLS="$HERE/.tools"
