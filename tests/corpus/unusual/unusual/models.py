@@ -1,0 +1,108 @@
+"""The sequential references of the corpus (tiny sizes: each check verifies in seconds)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HIDDEN, FFN, HEADS, HEAD_DIM, SEQ, BATCH, VOCAB = 16, 32, 4, 4, 8, 2, 30
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(HIDDEN, FFN)
+        self.down = nn.Linear(FFN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class ResidualMLP(MLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x)))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with interleaved (GPT-J style) rotary embeddings."""
+
+    def __init__(self, rotary: bool = False) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(HIDDEN, 3 * HIDDEN, bias=False)
+        self.out = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.rotary = rotary
+        angles = torch.arange(SEQ)[:, None] * (10000.0 ** (-torch.arange(0, HEAD_DIM, 2) / HEAD_DIM))[None, :]
+        self.register_buffer("cos", torch.cos(angles), persistent=False)
+        self.register_buffer("sin", torch.sin(angles), persistent=False)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], x.shape[1], -1, HEAD_DIM).transpose(1, 2)
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        even, odd = x[..., ::2], x[..., 1::2]
+        return torch.stack((even * self.cos - odd * self.sin, even * self.sin + odd * self.cos), dim=-1).flatten(-2)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.rotary:
+            q, k = self.rotate(q), self.rotate(k)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        out = self.attend(self.heads(q), self.heads(k), self.heads(v))
+        return self.out(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], HIDDEN))
+
+
+class Embedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(VOCAB, HIDDEN)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table(ids)
+
+
+class HeadBias(nn.Module):
+    """Attention scores plus a per-position bias shared by every head (expanded across heads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = nn.Linear(HIDDEN, HEADS * SEQ, bias=False)
+        self.bias = nn.Parameter(torch.zeros(SEQ, SEQ))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.score(x).view(x.shape[0], SEQ, HEADS, SEQ).transpose(1, 2)
+        return scores + self.bias.expand(HEADS, SEQ, SEQ)
+
+
+def mlp() -> MLP:
+    return MLP()
+
+
+def residual_mlp() -> ResidualMLP:
+    return ResidualMLP()
+
+
+def attention() -> Attention:
+    return Attention()
+
+
+def rotary_attention() -> Attention:
+    return Attention(rotary=True)
+
+
+def embedding() -> Embedding:
+    return Embedding()
+
+
+def head_bias() -> HeadBias:
+    return HeadBias()
+
+
+def tokens() -> tuple[torch.Tensor]:
+    return (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
+def token_ids() -> tuple[torch.Tensor]:
+    return (torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0)),)
