@@ -84,3 +84,14 @@ def test_a_failed_run_does_not_spoil_the_next_one(tiny_root: Path) -> None:
     assert witness(project.check("builder-raises"), project, 2)["status"] == "not-run"
     numbers = compare_numerically(project.check("ok"), project, 2)
     assert not numbers.differs, numbers.to_dict()
+
+
+def test_a_model_whose_kernels_refuse_float64_is_run_in_float32() -> None:
+    """transformers' grouped-matmul experts raise "Expected mat_a to be Float32, BFloat16 or Float16
+    matrix, got Double": the witness runs the model in float32 with its tolerance, and never raises."""
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "hf_moe"
+    project = load_project(root)
+    found = witness(project.checks[0], project, 2, "model.model.layers.0.mlp")
+    assert found["status"] == "agree", found
+    assert found["dtype"] == "float32" and found["tolerance"] == 1e-4
+    assert any("Double" in note for note in found["notes"]), found["notes"]
