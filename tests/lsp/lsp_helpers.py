@@ -34,33 +34,7 @@ def workspace_fixture(name: str, variant: str | None, options: dict | None = Non
         for relative, text in (extra or {}).items():
             (root / relative).parent.mkdir(parents=True, exist_ok=True)
             (root / relative).write_text(text)
-        lsp_client.root = root  # type: ignore[attr-defined]
-        registrations: list[types.RegistrationParams] = []
-        lsp_client.registrations = registrations  # type: ignore[attr-defined]
-
-        @lsp_client.feature(types.CLIENT_REGISTER_CAPABILITY)
-        def register_capability(_client: LanguageClient, params: types.RegistrationParams) -> None:
-            registrations.append(params)
-
-        for method in (
-            "shardproof/workerStateChanged",
-            "shardproof/verificationStarted",
-            "shardproof/verificationFinished",
-        ):
-            events: list[object] = []
-            setattr(lsp_client, method.split("/")[1], events)
-
-            @lsp_client.feature(method)
-            def record(_client: LanguageClient, params: object, events: list[object] = events) -> None:
-                events.append(plain(params))
-
-        params = types.InitializeParams(
-            capabilities=client_capabilities("visual-studio-code"),
-            root_uri=root.as_uri(),
-            workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=name)],
-            initialization_options=options or {"debounceMs": 200},
-        )
-        await lsp_client.initialize_session(params)
+        await _session(lsp_client, root, name, options)
         yield
         await lsp_client.shutdown_session()
 
@@ -145,28 +119,40 @@ def tiny_fixture(name: str, checks: list[str], options: dict | None = None, extr
         for relative, text in (extra or {}).items():
             target = root / relative
             target.write_text((target.read_text() if relative == "pyproject.toml" else "") + text)
-        lsp_client.root = root  # type: ignore[attr-defined]
-
-        @lsp_client.feature(types.CLIENT_REGISTER_CAPABILITY)
-        def register_capability(_client: LanguageClient, params: types.RegistrationParams) -> None:
-            pass
-
-        for method in ("shardproof/verificationStarted", "shardproof/verificationFinished"):
-            events: list[object] = []
-            setattr(lsp_client, method.split("/")[1], events)
-
-            @lsp_client.feature(method)
-            def record(_client: LanguageClient, params: object, events: list[object] = events) -> None:
-                events.append(plain(params))
-
-        params = types.InitializeParams(
-            capabilities=client_capabilities("visual-studio-code"),
-            root_uri=root.as_uri(),
-            workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=name)],
-            initialization_options=options or {"debounceMs": 200},
-        )
-        await lsp_client.initialize_session(params)
+        await _session(lsp_client, root, name, options)
         yield
         await lsp_client.shutdown_session()
 
     return client
+
+
+async def _session(lsp_client: LanguageClient, root: Path, name: str, options: dict | None) -> None:
+    """Record what the server tells the client (registrations, shardproof's own notifications) and
+    initialize a session on the workspace `root`."""
+    lsp_client.root = root  # type: ignore[attr-defined]
+    registrations: list[types.RegistrationParams] = []
+    lsp_client.registrations = registrations  # type: ignore[attr-defined]
+
+    @lsp_client.feature(types.CLIENT_REGISTER_CAPABILITY)
+    def register_capability(_client: LanguageClient, params: types.RegistrationParams) -> None:
+        registrations.append(params)
+
+    for method in (
+        "shardproof/workerStateChanged",
+        "shardproof/verificationStarted",
+        "shardproof/verificationFinished",
+    ):
+        events: list[object] = []
+        setattr(lsp_client, method.split("/")[1], events)
+
+        @lsp_client.feature(method)
+        def record(_client: LanguageClient, params: object, events: list[object] = events) -> None:
+            events.append(plain(params))
+
+    params = types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"),
+        root_uri=root.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=name)],
+        initialization_options=options or {"debounceMs": 200},
+    )
+    await lsp_client.initialize_session(params)

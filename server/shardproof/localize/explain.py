@@ -74,15 +74,7 @@ def explain(d: Discrepancy, check: str = "", world_sizes: list[int] | None = Non
         + (f" Ranks involved: {', '.join(str(r) for r in d.ranks)}." if d.ranks else ""),
         "",
     ]
-    lines += ["**Code sites.**", ""]
-    if d.primary:
-        lines.append(f"- where the fix belongs: {_link(d.primary, root)}{_code(d.primary)}")
-    if d.reference:
-        lines.append(f"- the reference: {_link(d.reference, root)}{_code(d.reference)}")
-    for site in d.related:
-        note = f" — {site.note}" if site.note else ""
-        lines.append(f"- {_link(site, root)}{_code(site)}{note}")
-    lines.append("")
+    lines += _code_sites(d, root, "where the fix belongs")
     witness_lines = describe_witness(d.witness)
     if witness_lines:
         lines += [f"**Numeric witness.** {witness_lines[0].capitalize()}.", ""]
@@ -107,17 +99,8 @@ def _explain_unproven(d: Discrepancy, where: str, root: Path | None) -> str:
         "",
         f"**What the rules suspected** (`{d.kind}`, not shown by the numbers). {d.details['suspected']}",
         "",
-        "**Code sites.**",
-        "",
     ]
-    if d.primary:
-        lines.append(f"- the first value without a proven relation: {_link(d.primary, root)}{_code(d.primary)}")
-    if d.reference:
-        lines.append(f"- the reference: {_link(d.reference, root)}{_code(d.reference)}")
-    for site in d.related:
-        note = f" — {site.note}" if site.note else ""
-        lines.append(f"- {_link(site, root)}{_code(site)}{note}")
-    lines.append("")
+    lines += _code_sites(d, root, "the first value without a proven relation")
     witness = d.witness or {}
     witness_lines = describe_witness(witness)
     if witness_lines:
@@ -136,3 +119,17 @@ def _explain_unproven(d: Discrepancy, where: str, root: Path | None) -> str:
     if d.suggestion:
         lines += [f"**What to do.** {d.suggestion[0].upper()}{d.suggestion[1:]}."]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _code_sites(d: Discrepancy, root: Path | None, primary: str) -> list[str]:
+    """The finding's code sites as a list of links: its own (labelled `primary`), the reference's,
+    the related ones."""
+    lines = ["**Code sites.**", ""]
+    if d.primary:
+        lines.append(f"- {primary}: {_link(d.primary, root)}{_code(d.primary)}")
+    if d.reference:
+        lines.append(f"- the reference: {_link(d.reference, root)}{_code(d.reference)}")
+    for site in d.related:
+        note = f" — {site.note}" if site.note else ""
+        lines.append(f"- {_link(site, root)}{_code(site)}{note}")
+    return [*lines, ""]

@@ -58,6 +58,7 @@ from .numeric import (
     load_declared_values,
     randomize,
     refuse_large,
+    run_reference,
     to_dtype,
 )
 from .trials import SEEDS, input_trials
@@ -323,18 +324,8 @@ def _run_rank(
         for seed in seeds:
             randomize(reference, seed)
             weights[seed] = [p.detach().clone() for p in reference.parameters()]
-            for description, candidate in input_trials(reference, inputs, world_size, seed, job["compared"]):
-                captured: dict[str, Any] = {}
-                hook = hook_module(reference, module_path, captured, "reference")
-                try:
-                    outputs, _ = tree_flatten(reference(*candidate))
-                except Exception as exc:  # noqa: BLE001 - reported as the reason no witness exists
-                    raise NumericRunError(
-                        f"the reference fails with real numbers on {description}: {type(exc).__name__}: {exc}"
-                    ) from None
-                finally:
-                    if hook is not None:
-                        hook.remove()
+            trials = input_trials(reference, inputs, world_size, seed, job["compared"])
+            for description, candidate, outputs, captured in run_reference(reference, trials, module_path):
                 reference_runs.append((seed, description, candidate, outputs, captured.get("reference")))
         reset_libraries()
 
