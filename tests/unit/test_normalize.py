@@ -110,3 +110,17 @@ def test_random_and_rule_matched_ops_stay_whole() -> None:
 
     assert "aten::embedding_dense_backward" in opaque_ops()
     assert decomposition_of(torch.ops.aten.var_mean.correction) is not None  # ours (torch's is in prims)
+
+
+def test_a_strided_slice_is_a_view_a_slice_and_a_view() -> None:
+    """x[..., 1::2] (GPT-J interleaved rotary halves) reads index 1 of each pair of the last dim."""
+    graph = _graph(lambda x: x[..., 1::2], (2, 3, 8))
+    assert [(n.op, n.meta.shape) for n in graph.nodes] == [
+        ("view", (2, 3, 4, 2)),
+        ("slice", (2, 3, 4, 1)),
+        ("view", (2, 3, 4)),
+    ]
+    assert graph.nodes[1].attrs == {"dim": -1, "start": 1, "end": 2}
+    # a step that does not divide the dim stays one call (never the raw as_strided)
+    odd = _graph(lambda x: x[..., ::3], (2, 8))
+    assert not any("as_strided" in str(n.attrs.get("target", "")) for n in odd.nodes)

@@ -126,6 +126,8 @@ def trace(fx: torch.fx.Node) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]
             continue
         if _namespace(node.target) == "prims" or any(word in str(node.target) for word in _RANDOM):
             return None
+        if "as_strided" in str(node.target):
+            return None  # raw memory layout: no better than the call it replaces
         if node.target is fx.target:
             return None  # the decomposition calls the op itself: nothing is gained
     return graph, tensors

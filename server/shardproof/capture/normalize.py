@@ -735,15 +735,42 @@ class _Builder:
         src_meta = self.meta(source)
         dim = args[1] if len(args) > 1 else 0
         step = args[4] if len(args) > 4 else 1
-        if step != 1:
-            return False
         d = norm_dim(dim, src_meta.ndim)
         size = src_meta.shape[src_meta.ndim + d]
         start, end = _slice_bounds(size, args[2] if len(args) > 2 else None, args[3] if len(args) > 3 else None)
+        if step != 1:
+            return self.strided_slice(fx, source, d, start, end, step, meta)
         if start == 0 and end == size:
             self.alias[fx.name] = source
             return True
         self.add(fx, "slice", [source], {"dim": d, "start": start, "end": end}, meta)
+        return True
+
+    def strided_slice(
+        self, fx: torch.fx.Node, source: str, dim: int, start: int, end: int, step: int, meta: TensorMeta
+    ) -> bool:
+        """x[..., start:end:step] as what it reads: the dim split into (size / step, step), one index
+        of the inner part, the rest merged back (the interleaved halves x[..., ::2] and x[..., 1::2]
+        of GPT-J-style rotary embeddings; rows dealt round-robin, W[rank::world_size]). Only when
+        the step divides the dim and the slice runs to its end less than a step away."""
+        src_meta = self.meta(source)
+        nd = src_meta.ndim
+        size = src_meta.shape[nd + dim]
+        offset = start % step
+        if size % step or start >= step or end < size - step + 1 + offset or meta.shape[nd + dim] != size // step:
+            return False
+        split = (*src_meta.shape[: nd + dim], size // step, step, *src_meta.shape[nd + dim + 1 :])
+        grouped = self.add(fx, "view", [source], {"shape": list(split)}, TensorMeta(split, meta.dtype), suffix=".rows")
+        picked_shape = (*split[: nd + dim + 1], 1, *split[nd + dim + 2 :])
+        picked = self.add(
+            fx,
+            "slice",
+            [grouped],
+            {"dim": dim, "start": offset, "end": offset + 1},
+            TensorMeta(picked_shape, meta.dtype),
+            suffix=".pick",
+        )
+        self.view(fx, picked, meta)
         return True
 
     def op_slice_scatter(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
