@@ -270,6 +270,7 @@ def verify_world_size(
         unit.issues,
         outputs_of=[len(ranks) - 1] if check.outputs == "last-rank" else None,
         factors=unit.factors,
+        law_targets=unit.law_targets,
     )
     finding = explain(evidence, failing)
     seconds["localization"] = time.perf_counter() - start

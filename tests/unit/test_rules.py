@@ -21,5 +21,6 @@ def test_library_loads_into_egglog() -> None:
 
 
 def test_every_family_has_rules() -> None:
+    """Except `derived`, whose rules each unit brings (laws of its opaque calls, verify/op_laws.py)."""
     families = {r.family for r in rules.all_rules()}
-    assert families == set(rules.FAMILIES)
+    assert families == set(rules.FAMILIES) - {"derived"}

@@ -92,6 +92,9 @@ class Evidence:
     outputs_of: list[int] | None = None  # the ranks whose outputs are compared (None: every rank)
     # constant factors the encoder carried outside values of joint graphs: (graph, value) -> factor
     factors: dict[tuple[str, str], Fraction] = field(default_factory=dict)
+    # opaque calls that rules follow (derived laws, rules matching the call whole): an input
+    # relation no rule accepts there is a finding, not an unsupported operation
+    law_targets: frozenset[str] = frozenset()
 
 
 def _fn(node: Node) -> str | None:
@@ -1089,7 +1092,7 @@ class Localizer:
             culprit_site, how = to_site(handover), "handover"
         else:
             culprit_site, how = self.blame(rank, value)
-        if how.startswith("unsupported:") or aligned.op == "generic":
+        if how.startswith("unsupported:") or (aligned.op == "generic" and not self._followed(aligned)):
             op = how.removeprefix("unsupported:") if how.startswith("unsupported:") else _describe_op(aligned)
             return Unsupported(
                 reason="unsupported-op",
@@ -1167,8 +1170,15 @@ class Localizer:
         except KeyError:
             return None
 
+    def _followed(self, node: Node) -> bool:
+        """Whether rules follow this opaque call (derived laws, or a rule matching it whole)."""
+        from ..verify.rules import opaque_ops
+
+        target = str(node.attrs.get("target", ""))
+        return target in self.ev.law_targets or target in opaque_ops()
+
     def _unsupported(self, ref_node: Node, rank: int) -> Unsupported | None:
-        if ref_node.op in _SUPPORTED:
+        if ref_node.op in _SUPPORTED or (ref_node.op == "generic" and self._followed(ref_node)):
             return None
         nonlocal_inputs = [
             v for v in ref_node.inputs if any(rel.kind != "equal" for rel, _ in self.index.relations(v, rank))
@@ -1262,7 +1272,7 @@ class Localizer:
         node = self.rank_node(rank, value)
         if node is None:
             return None, "unknown"
-        if node.op == "generic":
+        if node.op == "generic" and not self._followed(node):
             return self.rank_site(node), f"unsupported:{_describe_op(node)}"
         if node.op in ("slice", "cat", "view", "permute", "expand") and self._varies_across_ranks(rank, node):
             return self.rank_site(node, "this slice differs between ranks"), "rank-dependent-slice"

@@ -1497,3 +1497,21 @@ def _embedding_backward_rows(g: Gen, other_dim: bool) -> dict[str, Any]:
 
 
 instance_and_near_miss("embedding-backward-of-token-rows", _embedding_backward_rows)
+
+
+def _permutation_scatter(g: Gen, near: bool) -> dict[str, Any]:
+    """A vector sorted for its permutation, scattered into a base of its length (a near miss sorts
+    a shorter vector: its indices leave the base's last element as it was)."""
+    import json
+
+    n = g.int(3, 7)
+    m = n - 1 if near else n
+    return {
+        "B": g.tensor(n),
+        "X": g.tensor(m),
+        "V": g.tensor(m),
+        "a": json.dumps([]),
+    }
+
+
+instance_and_near_miss("permutation-scatter-overwrites-base", _permutation_scatter)

@@ -275,6 +275,7 @@ TENSOR_CONSTRUCTORS: dict[str, Callable[..., Any]] = {
     "MaxN": lambda ms: torch.stack(list(ms)).amax(0),
     "MinN": lambda ms: torch.stack(list(ms)).amin(0),
     "Op2": lambda key, a, b, args: _generic(key, [a, b], args),
+    "Op3": lambda key, a, b, c, args: _generic(key, [a, b, c], args),
 }
 
 
@@ -286,6 +287,11 @@ def _generic(key: str, tensors: list[torch.Tensor], args: str) -> torch.Tensor:
     if key == "aten::embedding_dense_backward#0":
         _grad, _ids, num_weights, padding_idx, scale = literal
         return torch.ops.aten.embedding_dense_backward(tensors[0], tensors[1].long(), num_weights, padding_idx, scale)
+    if key == "aten::index_put#0" and literal == ["<tensor>", ["<tensor>"], "<tensor>"]:
+        base, index, values = tensors
+        if index.dtype.is_floating_point or (index.numel() and (index.min() < 0 or index.max() >= base.shape[0])):
+            raise Undefined("index_put needs integer indices inside the base")
+        return torch.ops.aten.index_put(base, [index.long()], values)
     raise Undefined(f"no meaning for the opaque op {key}")
 
 

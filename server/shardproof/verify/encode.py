@@ -51,6 +51,8 @@ class EncodedUnit:
     n_terms: int = 0
     # (graph, value id) -> the constant factor carried outside the value (joint graphs; 1 if absent)
     factors: dict[tuple[str, str], Fraction] = field(default_factory=dict)
+    # targets of opaque calls with derived laws (op_laws.py): rules follow them like any other op
+    law_targets: frozenset[str] = frozenset()
 
 
 class Encoder:
@@ -366,15 +368,14 @@ class Encoder:
         self._state_scaled(graph, node, name, core, factor)
 
     def generic(self, graph: Graph, node: Node, name: str, ins: list[str]) -> None:
-        key = f"{node.attrs.get('target', node.op)}#{node.attrs.get('index', 0)}"
-        attrs = _q(json.dumps(_opaque_payload(node), sort_keys=True, default=str))
+        key, attrs = opaque_key(node), opaque_attrs(node)
         meta = node.meta
         if len(ins) > 4:
             self.let(name, f"(Leaf {_q(graph.name + '/' + node.id)})", meta)
         elif not ins:
-            self.let(name, f"(Op0 {_q(key)} {attrs})", meta)
+            self.let(name, f"(Op0 {key} {attrs})", meta)
         else:
-            self.let(name, f"(Op{len(ins)} {_q(key)} {' '.join(ins)} {attrs})", meta)
+            self.let(name, f"(Op{len(ins)} {key} {' '.join(ins)} {attrs})", meta)
 
     def _repeat_patterns(self, graph: Graph, node: Node) -> list[tuple[str, int, int]]:
         """view(expand(view(x))) that repeats every slice of one dim m times (repeat_interleave).
@@ -820,20 +821,38 @@ def encode_unit(
     but congruence, so no rule could use its shape, and no one reads its relations. A memoized
     skeleton is such a chain (one call per layer, in every program), and egglog 13 spends 40-170
     us on every command, whatever it is."""
+    from .op_laws import laws_for
+    from .rules import opaque_ops
+
     encoder = Encoder()
+    laws = laws_for(reference, opaque_ops())
     # the backward of a joint graph is linear in its seed: carry constant factors (see Encoder._factored)
     encoder.factor_out = any(role is not None for role in reference.gradient_roles)
     if outputs_only:
         reference = collapse_opaque_chains(reference)
         ranks = [(collapse_opaque_chains(graph), values) for graph, values in ranks]
         for graph in [reference, *(g for g, _ in ranks)]:
-            encoder.factless.update(encoder._name(graph.name, value) for value in _between_opaque_calls(graph))
+            between = _between_opaque_calls(graph, laws.targets)
+            encoder.factless.update(encoder._name(graph.name, value) for value in between)
     encoder.add_placeholders(reference, reference_values)
     encoder.add_reference_nodes(reference)
     for graph, values in ranks:
         encoder.add_placeholders(graph, values)
     _encode_ranks(encoder, [g for g, _ in ranks])
-    return encoder.finish()
+    encoder.commands.extend(laws.rules)
+    unit = encoder.finish()
+    unit.law_targets = laws.targets
+    return unit
+
+
+def opaque_key(node: Node) -> str:
+    """The quoted name of an opaque call's function symbol: its target and output index."""
+    return _q(f"{node.attrs.get('target', node.op)}#{node.attrs.get('index', 0)}")
+
+
+def opaque_attrs(node: Node) -> str:
+    """The quoted literal arguments of an opaque call (part of its term)."""
+    return _q(json.dumps(_opaque_payload(node), sort_keys=True, default=str))
 
 
 def _opaque_payload(node: Node) -> object:
@@ -916,17 +935,22 @@ def collapse_opaque_chains(graph: Graph) -> Graph:
     )
 
 
-def _between_opaque_calls(graph: Graph) -> set[str]:
-    """Values of opaque calls (`generic` nodes) read only by opaque calls, outputs excepted."""
+def _between_opaque_calls(graph: Graph, with_laws: frozenset[str] = frozenset()) -> set[str]:
+    """Values of opaque calls (`generic` nodes) read only by opaque calls without derived laws
+    (whose rules read their inputs' shapes), outputs excepted."""
     readers, nodes = graph.consumers(), graph.node_map()
     outputs = set(graph.outputs)
+
+    def lawless(reader: Node) -> bool:
+        return reader.op == "generic" and str(reader.attrs.get("target")) not in with_laws
+
     return {
         node.id
         for node in graph.nodes
         if node.op == "generic"
         and node.id not in outputs
         and node.id in readers
-        and all(nodes[reader].op == "generic" for reader in readers[node.id])
+        and all(lawless(nodes[reader]) for reader in readers[node.id])
     }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "9"
+RULE_LIBRARY_VERSION = "10"
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ FAMILIES = (
     "embedding",
     "partial",
     "loss",
+    "derived",  # laws of opaque calls from DTensor's strategies (op_laws.py): rules in each unit
 )
 SATURATED_FAMILIES = ("ranges", "shapes")
 
@@ -218,6 +219,18 @@ _rule(
     "slicing",
     "the whole extent of a dim is the value itself",
     "(rule ((= y (Slice x d 0 n)) (= n (sz x d))) ((union y x)))",
+)
+
+_rule(
+    "permutation-scatter-overwrites-base",
+    "slicing",
+    "base[perm] = v with perm the indices that sort a vector of base's length (a permutation) writes every "
+    "element, so the result does not depend on base: the inverse permutation `inv = empty_like(perm); "
+    "inv[perm] = arange(n)` of MoE token sorting is the same value whatever memory `empty_like` returned",
+    '(rule ((= Y (Op3 "aten::index_put#0" B I V "[\\"<tensor>\\", [\\"<tensor>\\"], \\"<tensor>\\"]")) '
+    '(= I (Along "sort#1" X -1 a)) (= 1 (nd X)) (= 1 (nd B)) (= 1 (nd V)) (= n (sz X -1)) (= n (sz B -1)) '
+    "(= n (sz V -1))) "
+    '((union Y (Op3 "aten::index_put#0" V I V "[\\"<tensor>\\", [\\"<tensor>\\"], \\"<tensor>\\"]"))))',
 )
 
 # ---------------------------------------------------------------------------------------------
