@@ -6,7 +6,7 @@ discrepancy-different, false-alarm, false-verified, unproven, unproven-different
 error, setup-failure or timeout (bench/zoo/run.py).
 
     python bench/bench_zoo.py [--world-sizes 2 4] [--only NAME ...] [--limit N] [--jobs 1]
-                              [--timeout 300] [--results bench/zoo/results.json]
+                              [--timeout 300] [--results bench/zoo/results.json] [--resume]
 
 Each (model, world size) runs in its own subprocess (its own session, killed at the timeout), so a
 crash or a hang never stops the sweep. Results are merged into the JSON as they come (a rerun of
@@ -80,6 +80,11 @@ def _run_one(name: str, world_size: int, timeout: float) -> dict:
     return record
 
 
+def _done(data: dict, name: str, world_size: int) -> bool:
+    record = data["results"].get(name, {}).get(str(world_size))
+    return record is not None and record["class"] != "timeout"
+
+
 def _load(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"results": {}}
 
@@ -102,12 +107,20 @@ def _detail(record: dict) -> str:
     if record["class"] in ("setup-failure", "timeout"):
         return record.get("reason", "")
     if record["class"] == "inconclusive":
-        return f"`{verdict.get('inconclusive', {}).get('op')}`"
+        return _stopped_at(record)
     if record["class"] in ("discrepancy-different", "false-alarm", "unproven", "unproven-different", "error"):
         finding = verdict.get("discrepancy") or verdict.get("unproven") or {}
         kind = f"[{finding['kind']}] " if finding.get("kind") else ""
         return f"{kind}{verdict.get('message', '')}"[:240]
     return ""
+
+
+def _stopped_at(record: dict) -> str:
+    """The operation an inconclusive verdict stops at, else its reason (a bound, a panic)."""
+    finding = record.get("shardproof", {}).get("inconclusive", {})
+    if finding.get("op"):
+        return f"`{finding['op']}`"
+    return f"{finding.get('kind') or 'bound'}: {(finding.get('message') or '')[:120]}"
 
 
 def report(data: dict, world_sizes: list[int]) -> str:
@@ -131,13 +144,10 @@ def report(data: dict, world_sizes: list[int]) -> str:
         summary = ", ".join(f"{cls} {n}" for cls, n in counts.most_common())
         lines.append(f"World size {world_size} ({sum(counts.values())} models): {summary}")
     ops = collections.Counter(
-        r.get("shardproof", {}).get("inconclusive", {}).get("op")
-        for by_size in results.values()
-        for r in by_size.values()
-        if r["class"] == "inconclusive"
+        _stopped_at(r) for by_size in results.values() for r in by_size.values() if r["class"] == "inconclusive"
     )
     if ops:
-        lines.append("Inconclusive at: " + ", ".join(f"`{op}` ({n})" for op, n in ops.most_common()))
+        lines.append("Inconclusive at: " + ", ".join(f"{op} ({n})" for op, n in ops.most_common()))
     return "\n".join(lines)
 
 
@@ -150,6 +160,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per model and world size")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--report-only", action="store_true", help="print the table of the recorded results")
+    parser.add_argument("--resume", action="store_true", help="skip what the results already hold (but timeouts)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--world-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -168,7 +179,7 @@ def main() -> None:
         names = names[: args.limit] if args.limit else names
         data["machine"] = _machine()
         data["zoo_size"] = len(zoo_names())
-        jobs = [(name, w) for name in names for w in args.world_sizes]
+        jobs = [(name, w) for name in names for w in args.world_sizes if not (args.resume and _done(data, name, w))]
         started = time.perf_counter()
         with ThreadPoolExecutor(args.jobs) as pool:
             for record in pool.map(lambda job: _run_one(*job, args.timeout), jobs):

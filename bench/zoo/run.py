@@ -158,23 +158,26 @@ def measure(
     checkpoint=lambda record: None,
 ) -> dict:
     """The record of one model at one world size; `truth` given skips the gloo run. `checkpoint`
-    gets the record after each step, so a sweep that kills a slow model knows how far it got."""
-    record: dict = {"name": name, "world_size": world_size, "stage": "building the model"}
+    gets the record after each step, so a sweep that kills a slow model knows how far it got.
+
+    The gloo ranks are forked first, from a process that has built nothing yet: forked after
+    shardproof ran (its threads, its sandbox) or after torch's thread pools started, they hang."""
+    record: dict = {"name": name, "world_size": world_size, "stage": "running the ground truth on gloo"}
+    checkpoint(record)
+    started = time.perf_counter()
+    record["truth"] = truth if truth is not None else ground_truth(name, world_size)
+    record["truth"].setdefault("seconds", round(time.perf_counter() - started, 1))
+    record["stage"] = "building the model"
     record["model"] = probe(name)
     if not record["model"]["ok"]:
-        record["class"] = "setup-failure"
-        record["reason"] = record["model"]["reason"]
+        del record["stage"]
+        record.update({"class": "setup-failure", "reason": record["model"]["reason"]})
         return record
     record["stage"] = "verifying"
     checkpoint(record)
     record["shardproof"] = verify(name, world_size, scratch, sandbox)
-    record["stage"] = "running the ground truth on gloo"
-    checkpoint(record)
-    started = time.perf_counter()
-    record["truth"] = truth if truth is not None else ground_truth(name, world_size)
-    record["truth"].setdefault("seconds", time.perf_counter() - started)
-    record["class"] = classify(record["shardproof"], record["truth"])
     del record["stage"]
+    record["class"] = classify(record["shardproof"], record["truth"])
     if record["class"] == "setup-failure":
         record["reason"] = f"the gloo run raises while {record['truth']['stage']}: {record['truth']['error']}"
     return record

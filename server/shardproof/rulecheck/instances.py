@@ -1515,3 +1515,43 @@ def _permutation_scatter(g: Gen, near: bool) -> dict[str, Any]:
 
 
 instance_and_near_miss("permutation-scatter-overwrites-base", _permutation_scatter)
+
+
+@instance("regroup-term-into-right-sum", "regroup-term-into-left-sum")
+def _(g: Gen) -> dict[str, Any]:
+    """A reduction A tiled over the ranks (this rank's contribution a), and two terms of A's shape or
+    broadcast to it."""
+    t = _term_tiling(g)
+    s, e = t["tiles"][g.rank]
+    shape = tuple(t["A"].shape)
+    return {
+        "A": t["A"],
+        "a": t["parts"][g.rank],
+        "s": s,
+        "e": e,
+        "K": t["K"],
+        "X": t["b"],
+        "C": g.tensor(*shape[-1:]) if g.int(0, 1) else g.tensor(*shape),
+    }
+
+
+@instance("moved-piece-through-view")
+def _(g: Gen) -> dict[str, Any]:
+    y = g.tensor(*_shape(g, g.int(1, 3)))
+    return {"y": y, "s": ",".join(str(n) for n in (y.numel(),))}
+
+
+def _padded_local_lookup(g: Gen, near: bool) -> dict[str, Any]:
+    """Ids of a vocabulary, a shard [s, e) of it and a table of more than e - s rows (a near miss:
+    a shard longer than the table, every id looked up still inside the table)."""
+    rows = g.int(3, 6)
+    n = rows + g.int(1, 2) if near else g.int(1, rows - 1)
+    s = g.int(0, 3)
+    vocab = s + n + g.int(0, 3)
+    ids = g.ids((g.int(2, 3), g.int(2, 4)), vocab)
+    if near:
+        ids = ids.clamp(max=s + rows - 1)
+    return {"W": g.tensor(rows, g.int(2, 4)), "I": ids, "s": s, "e": s + n}
+
+
+instance_and_near_miss("local-lookup-reads-its-rows", _padded_local_lookup)

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..graph.model import Collective, Graph, Node, TensorMeta
 from ..relations import expr as px
-from .relayout import Exchange, Piece, fold, rows_sent
+from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -70,6 +70,7 @@ class Encoder:
         # all-to-all / all-gather results and the views and permutes of them, per receiving rank
         self.exchanges: dict[tuple[str, str], Exchange] = {}
         self._relayouts: dict[tuple[str, str], tuple[Exchange, int, list[Node]]] = {}
+        self._positions: dict[str, dict[str, int]] = {}
         # Joint forward-backward graphs: constant factors are carried outside linear operations
         # (see `_factored`). (graph, value id) -> (unscaled term, factor) for values whose factor is not 1.
         self.factor_out = False
@@ -512,16 +513,27 @@ class Encoder:
         key = (graph.name, node.id)
         if key in self.exchanges:
             state = (self.exchanges[key], graph.rank or 0, [])
-        elif node.op in ("view", "permute") and (graph.name, node.inputs[0]) in self._relayouts:
-            exchange, receiver, after = self._relayouts[(graph.name, node.inputs[0])]
-            if len(after) >= 6:
+        elif node.op in MOVEMENT_OPS and node.inputs and all((graph.name, v) in self._relayouts for v in node.inputs):
+            states = [self._relayouts[(graph.name, v)] for v in node.inputs]
+            exchange, receiver = states[0][0], states[0][1]
+            if any(other[0] is not exchange or other[1] != receiver for other in states):
+                return  # movement of values from different exchanges: no one evaluation says it
+            after = list({n.id: n for state in states for n in state[2]}.values())
+            if len(after) >= 12:
                 return
-            state = (exchange, receiver, [*after, node])
+            state = (exchange, receiver, [*sorted(after, key=lambda n: self._order(graph, n)), node])
         else:
             return
         self._relayouts[key] = state
         for pieces, dim in fold(*state):
             self._union_concatenation(name, state[0], pieces, dim)
+
+    def _order(self, graph: Graph, node: Node) -> int:
+        """A node's position in its graph (movement after an exchange is evaluated in this order)."""
+        positions = self._positions.get(graph.name)
+        if positions is None:
+            positions = self._positions[graph.name] = {n.id: i for i, n in enumerate(graph.nodes)}
+        return positions[node.id]
 
     def _union_concatenation(self, name: str, exchange: Exchange, pieces: list[Piece], dim: int) -> None:
         terms, metas = [], []

@@ -9,6 +9,14 @@ can be evaluated on index tensors: which element of which rank's source lands wh
 result is a concatenation, in rank order along one dim, of one block of every rank's source
 (along one dim of the source), that concatenation is the value: a fact found by computing it,
 so it holds exactly.
+
+The movement on either side may be a small graph rather than a chain: `dist.all_to_all` with lists
+of tensors is captured as the pieces flattened and concatenated into one buffer, and the
+received buffer sliced, viewed back and concatenated again (DeepSpeed-Ulysses' exchange between
+sequence and head shards). Views, permutes, slices and concatenations are all data movement, so
+the same evaluation covers them: a source is any value the exchanged tensor is computed from by
+data movement alone, and after the exchange any value computed by data movement from the
+received one.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ from functools import cached_property
 
 from ..graph.model import Collective, Graph, Node
 
-_LAYOUT_OPS = ("view", "permute")
+MOVEMENT_OPS = ("view", "permute", "slice", "cat")
 _MAX_ELEMENTS = 1 << 22  # larger exchanges keep the call-by-call lowering
+_MAX_SOURCE_STEPS = 12
 
 
 @dataclass(frozen=True)
@@ -35,12 +44,13 @@ class Piece:
 
 @dataclass(frozen=True)
 class Source:
-    """A value an exchanged tensor is a view / permute of, and the layout nodes from it to the
-    exchanged tensor (in order)."""
+    """A value the exchanged tensor is computed from by data movement alone, and the movement
+    nodes from it to the exchanged tensor (in the graph's order; none when it is that tensor)."""
 
     value: str
     shape: tuple[int, ...]
     steps: tuple[Node, ...]
+    target: str  # the exchanged tensor
 
 
 @dataclass(frozen=True)
@@ -53,23 +63,39 @@ class Exchange:
     graphs: dict[int, Graph]
 
     @cached_property
+    def received(self) -> dict[tuple[int, int], dict | None]:
+        """(receiver, source level) -> what the receiver got, as tagged source positions, and the
+        movement after it evaluated so far, by value id (memo; None: the sizes do not match)."""
+        return {}
+
+    @cached_property
     def sources(self) -> dict[int, list[Source]]:
-        """Per member, its exchanged input and each value that is a view / permute of, nearest
-        first (the same for every receiver and every layout step after the exchange)."""
-        found: dict[int, list[Source]] = {}
-        for r in self.group:
-            graph = self.graphs[r]
-            nodes = graph.node_map()
-            value = self.calls[r].inputs[0]
-            steps: tuple[Node, ...] = ()
-            found[r] = [Source(value, graph.meta_of(value).shape, steps)]
-            node = nodes.get(value)
-            while node is not None and node.op in _LAYOUT_OPS and len(found[r]) < 8:
-                steps = (node, *steps)
-                value = node.inputs[0]
-                found[r].append(Source(value, graph.meta_of(value).shape, steps))
-                node = nodes.get(value)
-        return found
+        """Per member, its exchanged input and each value it is computed from by data movement
+        alone, nearest first (the same for every receiver and every movement after the exchange)."""
+        return {r: _sources(self.graphs[r], self.calls[r].inputs[0]) for r in self.group}
+
+
+def _sources(graph: Graph, target: str) -> list[Source]:
+    """`target` and every single value it is computed from by movement nodes alone: the movement
+    nodes between are opened latest first, and wherever one value is left, it is a source."""
+    nodes = graph.node_map()
+    order = {node.id: i for i, node in enumerate(graph.nodes)}
+    found = [Source(target, graph.meta_of(target).shape, (), target)]
+    frontier, steps = {target}, []
+    while len(steps) < _MAX_SOURCE_STEPS:
+        movable = [v for v in frontier if v in nodes and nodes[v].op in MOVEMENT_OPS]
+        if not movable:
+            break
+        latest = max(movable, key=lambda v: order[v])
+        node = nodes[latest]
+        frontier.remove(latest)
+        frontier.update(node.inputs)
+        steps.append(node)
+        if len(frontier) == 1:
+            (value,) = frontier
+            ordered = tuple(sorted(steps, key=lambda n: order[n.id]))
+            found.append(Source(value, graph.meta_of(value).shape, ordered, target))
+    return found
 
 
 def rows_sent(coll: Collective, rows: int, members: int, receiver_index: int) -> tuple[int, int]:
@@ -79,16 +105,40 @@ def rows_sent(coll: Collective, rows: int, members: int, receiver_index: int) ->
     return start, start + splits[receiver_index]
 
 
-def _apply(values, nodes: tuple[Node, ...] | list[Node]):  # type: ignore[no-untyped-def]
+def _evaluate(start: str, values, nodes: tuple[Node, ...] | list[Node]):  # type: ignore[no-untyped-def]
+    """The last of `nodes` (movement nodes in graph order) computed from `values` standing for
+    the value `start`; `values` itself when there are none."""
+    return _evaluate_into({start: values}, nodes) if nodes else values
+
+
+def _evaluate_into(env: dict, nodes: tuple[Node, ...] | list[Node]):  # type: ignore[no-untyped-def]
+    """The last of `nodes` computed from the values in `env`, which keeps every value computed
+    (movement nodes after one exchange share their inputs' values)."""
+    import torch
+
+    if not nodes:
+        return next(iter(env.values()))
     for node in nodes:
-        values = values.reshape(node.meta.shape) if node.op == "view" else values.permute(*node.attrs["perm"])
-    return values
+        if node.id in env:
+            continue
+        ins = [env[v] for v in node.inputs]
+        a = node.attrs
+        if node.op == "view":
+            env[node.id] = ins[0].reshape(node.meta.shape)
+        elif node.op == "permute":
+            env[node.id] = ins[0].permute(*a["perm"])
+        elif node.op == "slice":
+            env[node.id] = ins[0].narrow(a["dim"], a["start"], a["end"] - a["start"])
+        else:
+            env[node.id] = torch.cat(ins, dim=a["dim"])
+    return env[nodes[-1].id]
 
 
 def fold(exchange: Exchange, receiver: int, after: list[Node]) -> list[tuple[list[Piece], int]]:
-    """Every reading of the receiver's value after the exchange and the layout nodes `after` (in
-    order) as a concatenation, along one dim, of blocks of the members' sources (the values the
-    exchanged ones are views / permutes of, at any depth). Size-1 dims can make several true."""
+    """Every reading of the receiver's value after the exchange and the movement nodes `after` (in
+    graph order, the last one the value) as a concatenation, along one dim, of blocks of the
+    members' sources (values the exchanged ones are computed from by movement alone, at any
+    depth). Size-1 dims can make several true."""
     depth = max(len(chain) for chain in exchange.sources.values())
     if depth == 1 and not after:
         return []  # no layout on either side: the call-by-call lowering says it all
@@ -97,22 +147,41 @@ def fold(exchange: Exchange, receiver: int, after: list[Node]) -> list[tuple[lis
     readings: list[tuple[list[Piece], int]] = []
     for level in range(depth):
         sources = {r: chain[min(level, len(chain) - 1)] for r, chain in exchange.sources.items()}
-        for reading in _fold_from(exchange, receiver, after, sources, torch):
+        for reading in _fold_from(exchange, receiver, after, sources, level, torch):
             if reading not in readings:
                 readings.append(reading)
     return readings
 
 
-def _fold_from(exchange, receiver, after, sources, torch):  # type: ignore[no-untyped-def]
+def _fold_from(exchange, receiver, after, sources, level, torch):  # type: ignore[no-untyped-def]
     calls, group = exchange.calls, exchange.group
     shapes = {r: sources[r].shape for r in group}
     if any(math.prod(shape) > _MAX_ELEMENTS for shape in shapes.values()):
         return []
     base = max(math.prod(shape) for shape in shapes.values()) + 1
+    key = (receiver, level)
+    if key not in exchange.received:  # the same for every movement node after the exchange
+        received = _received(exchange, receiver, sources, shapes, base, torch)
+        exchange.received[key] = None if received is None else {calls[receiver].id: received}
+    env = exchange.received[key]
+    if env is None:
+        return []
+    result = _evaluate_into(env, after)
+    readings = []
+    for dim in range(result.dim()):
+        pieces = _pieces_along(result, dim, group, {r: sources[r].value for r in group}, shapes, base, torch)
+        if pieces is not None:
+            readings.append((pieces, dim - result.dim()))
+    return readings
+
+
+def _received(exchange, receiver, sources, shapes, base, torch):  # type: ignore[no-untyped-def]
+    """The receiver's exchange output as tagged positions of the members' sources, or None."""
+    calls, group = exchange.calls, exchange.group
     sent = {}
     for index, r in enumerate(group):
         tagged = torch.arange(math.prod(shapes[r]), dtype=torch.int64).reshape(shapes[r]) + index * base
-        sent[r] = _apply(tagged, sources[r].steps)
+        sent[r] = _evaluate(sources[r].value, tagged, sources[r].steps)
     if exchange.kind == "all_gather":
         received = torch.cat([sent[r] for r in group], dim=0)
     else:
@@ -125,14 +194,8 @@ def _fold_from(exchange, receiver, after, sources, torch):  # type: ignore[no-un
             parts.append(sent[r][start:end])
         received = torch.cat(parts, dim=0)
     if math.prod(received.shape) != math.prod(calls[receiver].meta.shape):
-        return []
-    result = _apply(received.reshape(calls[receiver].meta.shape), after)
-    readings = []
-    for dim in range(result.dim()):
-        pieces = _pieces_along(result, dim, group, {r: sources[r].value for r in group}, shapes, base, torch)
-        if pieces is not None:
-            readings.append((pieces, dim - result.dim()))
-    return readings
+        return None
+    return received.reshape(calls[receiver].meta.shape)
 
 
 def _pieces_along(result, dim, group, sources, shapes, base, torch):  # type: ignore[no-untyped-def]

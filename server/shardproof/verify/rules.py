@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "10"
+RULE_LIBRARY_VERSION = "12"
 
 
 @dataclass(frozen=True)
@@ -272,6 +272,14 @@ _rule(
     "slicing another dim of a selection selects the same ranges of the reference's slice (which "
     "the reference need not compute: an all-to-all sends blocks of another dim)",
     "(rule ((sel X x d R) (= y (Slice x d2 a b)) (!= d d2) (a2a-piece y)) ((sel (Slice X d2 a b) y d R)))",
+)
+_rule(
+    "moved-piece-through-view",
+    "slicing",
+    "a block an exchange moves, flattened for the exchange (`all_to_all` with lists of tensors sends each "
+    "piece as a flat row of one buffer), is moved as the piece before the view: the guard of "
+    "slice-other-dim-of-reference follows it (no claim on values)",
+    "(rule ((a2a-piece v) (= v (View y s))) ((a2a-piece y)))",
 )
 _rule(
     "concat-of-selections",
@@ -663,6 +671,14 @@ _rule(
 )
 
 _rule(
+    "local-lookup-reads-its-rows",
+    "embedding",
+    "local ids of [s, e) are in [0, e - s): a lookup in a longer table (a vocabulary shard padded to a "
+    "multiple of the world size, as vLLM pads it) reads only its first e - s rows",
+    "(rule ((localids l I s e) (= y (Emb W l)) (= n (- e s)) (= k (sz W -2)) (< n k) (< 0 n)) "
+    "((union y (Emb (Slice W -2 0 n) l))))",
+)
+_rule(
     "vocab-whole-range-lookup",
     "embedding",
     "local ids of the whole vocabulary [0, V) are the ids themselves (token ids index the vocabulary)",
@@ -848,6 +864,23 @@ for _name, _rank_add, _reference_add in (
         "a rank's contribution to A plus a term b is that contribution of A + b, with the term once",
         f"(rule ((= y {_rank_add}) (psum A a s e K) (= Y {_reference_add})) ((pplus Y A y s e K)))",
     )
+# The reference may add the term to a sum that already holds another: `x + (A + bias)` where the
+# rank folds x into its partial sum of A and adds the bias after the all-reduce (a residual on
+# one rank before a row-parallel layer's bias). Associativity and commutativity give `(A + x) +
+# bias`, whose inner sum the rules above relate; the regrouping is stated only where a rank holds
+# a partial sum of A, so it creates a term only where one can be used.
+_rule(
+    "regroup-term-into-right-sum",
+    "partial",
+    "x + (A + c) = (A + x) + c, where a rank holds a partial sum of A",
+    '(rule ((= Y (Bin "add" X (Bin "add" A C))) (psum A a s e K)) ((union Y (Bin "add" (Bin "add" A X) C))))',
+)
+_rule(
+    "regroup-term-into-left-sum",
+    "partial",
+    "(A + c) + x = (A + x) + c, where a rank holds a partial sum of A",
+    '(rule ((= Y (Bin "add" (Bin "add" A C) X)) (psum A a s e K)) ((union Y (Bin "add" (Bin "add" A X) C))))',
+)
 _rule(
     "term-cover-start-plain",
     "partial",
