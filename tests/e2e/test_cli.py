@@ -75,7 +75,7 @@ def test_inconclusive_exits_2(tiny_root: Path) -> None:
     run = shardproof("verify", "--project", str(tiny_root), "--check", "unsupported-op", "--json")
     assert run.returncode == 2
     payload = json.loads(run.stdout)
-    assert payload["checks"][0]["world_sizes"][0]["inconclusive"][0]["op"] == "lgamma"
+    assert payload["checks"][0]["world_sizes"][0]["inconclusive"][0]["op"] == "tinymlp::log_gamma"
 
 
 def test_json_carries_the_numeric_witness(tmp_path: Path) -> None:
