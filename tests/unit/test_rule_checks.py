@@ -55,6 +55,7 @@ MUTANTS = [
     ("repeat-fewer-copies", "(- (+ (* s m) m) m2)", "(+ (* s m) m)"),  # a window past the copies
     ("division-is-share", "(frac X x 1 n)", "(frac X x n 1)"),
     ("softmax-other-dim", " (!= d d2)", ""),  # the guard dropped
+    ("expand-keeps-selection", " (= k1 k2)", ""),  # expansions of other sizes along another dim
     ("partial-plus-share", " (= (* (- e s) q) (* K p))", ""),  # adds a whole bias on every rank
     ("slice-of-concat-inside-first", "(<= e na)", "(<= e (+ na 1))"),  # a guard off by one
     ("view-merge", "(RMul R h)", "(RMul R 1)"),

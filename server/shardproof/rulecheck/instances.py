@@ -552,14 +552,19 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"p": g.text(perm), "di": di, "do": perm.index(di + 4) - 4}
 
 
-@instance("expand-keeps-selection")
-def _(g: Gen) -> dict[str, Any]:
+def _expanded_selection(g: Gen, near: bool) -> dict[str, Any]:
+    """A selection along d of a value broadcast along another dim (a near miss broadcasts the
+    selected value to fewer copies than the whole one: a rank's heads of a shared key)."""
     n, m = g.int(3, 7), g.int(2, 4)
     R = g.selection(n)
     local = len(indices(R))
+    m2 = m - 1 if near else m
     if g.int(0, 1):
-        return {"X": g.tensor(1, n), "d": -1, "R": R, "s1": g.text((m, n)), "s2": g.text((m, local))}
-    return {"X": g.tensor(n, 1), "d": -2, "R": R, "s1": g.text((n, m)), "s2": g.text((local, m))}
+        return {"X": g.tensor(1, n), "d": -1, "R": R, "s1": g.text((m, n)), "s2": g.text((m2, local))}
+    return {"X": g.tensor(n, 1), "d": -2, "R": R, "s1": g.text((n, m)), "s2": g.text((local, m2))}
+
+
+instance_and_near_miss("expand-keeps-selection", _expanded_selection)
 
 
 @instance("repeat-scales-selection")
@@ -1555,3 +1560,20 @@ def _padded_local_lookup(g: Gen, near: bool) -> dict[str, Any]:
 
 
 instance_and_near_miss("local-lookup-reads-its-rows", _padded_local_lookup)
+
+
+def _concat_window_and_selection(g: Gen, outside_window: bool, window_first: bool) -> dict[str, Any]:
+    """A window piece and a selected piece, concatenated along some dim (a near miss selects a
+    range outside the window)."""
+    bindings = _window_and_selection(g, outside_window)
+    bindings.pop("f")
+    bindings["d2"] = g.int(-3, -1)
+    return bindings if window_first else bindings | {"A": bindings["B"], "B": bindings["A"]}
+
+
+instance_and_near_miss(
+    "window-meets-selection-in-concat-left", lambda g, near: _concat_window_and_selection(g, near, True)
+)
+instance_and_near_miss(
+    "window-meets-selection-in-concat-right", lambda g, near: _concat_window_and_selection(g, near, False)
+)

@@ -812,10 +812,15 @@ def permute_facts(name: str, perm: list[int]) -> list[str]:
 
 
 def expand_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    """(emap y d key): dim d of expansion y is its source's dim d (not broadcast); key is y's shape
+    with dim d left out, so a selection along d carries over between two expansions only when
+    they expand every other dim alike (a rank's 4 heads and the reference's 8 are no selection
+    along another dim of each other)."""
     facts = []
     for k in range(1, len(in_shape) + 1):
         if in_shape[-k] == out_shape[-k]:
-            facts.append(f"(emap {name} {-k})")
+            key = ",".join("_" if i == len(out_shape) - k else str(s) for i, s in enumerate(out_shape))
+            facts.append(f"(emap {name} {-k} {_q(key)})")
     return facts
 
 

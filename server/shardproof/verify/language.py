@@ -114,7 +114,7 @@ DECLARATIONS = r"""
 (relation vsplit (T i64 i64 i64 String))
 (relation vmerge (T i64 i64 i64 String))
 (relation pmap (T i64 i64))
-(relation emap (T i64))
+(relation emap (T i64 String))
 (relation ebk (T i64 String))
 
 (relation node (T String))

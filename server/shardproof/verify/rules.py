@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "12"
+RULE_LIBRARY_VERSION = "14"
 
 
 @dataclass(frozen=True)
@@ -343,8 +343,9 @@ _rule(
 _rule(
     "expand-keeps-selection",
     "layout",
-    "broadcasting other dims keeps a selection",
-    "(rule ((= Y (Expand X s1)) (= y (Expand x s2)) (sel X x d R) (emap Y d) (emap y d)) ((sel Y y d R)))",
+    "broadcasting other dims alike keeps a selection",
+    "(rule ((= Y (Expand X s1)) (= y (Expand x s2)) (sel X x d R) (emap Y d k1) (emap y d k2) (= k1 k2)) "
+    "((sel Y y d R)))",
 )
 _rule(
     "expand-broadcast-window",
@@ -455,6 +456,21 @@ _rule(
     "elementwise",
     "as window-meets-selection-left, operands swapped",
     "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (selw B b d lo hi n) (sel A a d (RCons s e (RNil))) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel B b d (RCons s e (RNil)))))",
+)
+_rule(
+    "window-meets-selection-in-concat-left",
+    "concat",
+    "a window piece concatenated with a selected piece is that selection (any window position is): a key "
+    "shared by every head, expanded to a rank's heads, next to the rank's block of per-head keys",
+    "(rule ((= C (Cat A B d2)) (= c (Cat a b d2)) (selw A a d lo hi n) (sel B b d (RCons s e (RNil))) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel A a d (RCons s e (RNil)))))",
+)
+_rule(
+    "window-meets-selection-in-concat-right",
+    "concat",
+    "as window-meets-selection-in-concat-left, pieces swapped",
+    "(rule ((= C (Cat A B d2)) (= c (Cat a b d2)) (selw B b d lo hi n) (sel A a d (RCons s e (RNil))) "
     "(= n (- e s)) (<= lo s) (<= s hi)) ((sel B b d (RCons s e (RNil)))))",
 )
 _rule(
