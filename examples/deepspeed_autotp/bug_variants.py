@@ -31,16 +31,34 @@ class AutoTPBug:
     original: str  # the exact line (without indentation) in ds_autotp/parallel.py
     buggy: str  # its replacement
     kind: str  # the discrepancy kind shardproof reports
+    # Where shardproof reports it (file relative to the example root, and that line's code), when
+    # that is not the changed line: the producer of an unreduced partial sum is the line before.
+    site: tuple[str, str] | None = None
     world_sizes: tuple[int, ...] = (2, 4)
     file: str = PARALLEL  # relative to the example root
 
+    @property
+    def check_name(self) -> str:
+        """The check's name in the variant's project (its own name: results are cached by declaration)."""
+        return f"{self.check}-{self.name}"
+
     def line_number(self, root: Path = HERE) -> int:
         """1-based line of the mistake (the same in the correct and the buggy file)."""
-        lines = (root / self.file).read_text().splitlines()
-        matches = [i + 1 for i, line in enumerate(lines) if line.strip() in (self.original, self.buggy)]
-        if len(matches) != 1:
-            raise ValueError(f"{self.name}: expected one line matching {self.original!r}, found {len(matches)}")
-        return matches[0]
+        return _line(root / self.file, (self.original, self.buggy), self.name)
+
+    def site_file_and_line(self, root: Path = HERE) -> tuple[Path, int]:
+        """The file and 1-based line shardproof reports the mistake at."""
+        if self.site is None:
+            return root / self.file, self.line_number(root)
+        file, code = self.site
+        return root / file, _line(root / file, (code,), self.name)
+
+
+def _line(path: Path, texts: tuple[str, ...], name: str) -> int:
+    matches = [i + 1 for i, line in enumerate(path.read_text().splitlines()) if line.strip() in texts]
+    if len(matches) != 1:
+        raise ValueError(f"{name}: expected one line matching {texts[0]!r} in {path.name}, found {len(matches)}")
+    return matches[0]
 
 
 VARIANTS: tuple[AutoTPBug, ...] = (
@@ -52,6 +70,9 @@ VARIANTS: tuple[AutoTPBug, ...] = (
         '{"patterns": [r".*lm_head\\.weight$"], "partition_type": "column", "gather_output": True},',
         '{"patterns": [r".*lm_head\\.weight$"], "partition_type": "column"},',
         "wrong-layout",
+        # Reported at the user's call into the model (the LM head's LinearLayer is inside it, shown as
+        # related information), not yet at the layer spec that made it.
+        site=("ds_autotp/model.py", "return self.model(input_ids=input_ids, use_cache=False).logits"),
     ),
     AutoTPBug(
         "down-proj-not-reduced",
@@ -61,6 +82,7 @@ VARIANTS: tuple[AutoTPBug, ...] = (
         "return add_bias(self.all_reduce(partial), self.bias)",
         "return add_bias(partial, self.bias)",
         "missing-reduction",
+        site=(PARALLEL, "partial = torch.matmul(input, self.weight.transpose(-1, -2))"),
     ),
     AutoTPBug(
         "down-proj-bias-before-reduction",
@@ -94,6 +116,10 @@ def materialize(bug: AutoTPBug, destination: Path) -> Path:
     line = lines[hits[0]]
     lines[hits[0]] = line[: len(line) - len(line.lstrip())] + bug.buggy + "\n"
     target.write_text("".join(lines))
+    pyproject = destination / "pyproject.toml"
+    declaration = pyproject.read_text()
+    assert declaration.count(f'name = "{bug.check}"\n') == 1, bug.check
+    pyproject.write_text(declaration.replace(f'name = "{bug.check}"\n', f'name = "{bug.check_name}"\n'))
     return destination
 
 
@@ -105,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     for bug in VARIANTS:
         if not args.names or bug.name in args.names:
             materialize(bug, args.outdir / bug.name)
-            print(f"{bug.name}: {args.outdir / bug.name} (check {bug.check})")
+            print(f"{bug.name}: {args.outdir / bug.name} (check {bug.check_name})")
     return 0
 
 
