@@ -87,7 +87,7 @@ def verify_check(
             return result
         for world_size in sizes:
             key = (
-                result_key(repr(check), world_size, f"memoize={memoize} partition={partition}")
+                stored_result_key(check, project, world_size, f"memoize={memoize} partition={partition}")
                 if reuse_results
                 else None
             )
@@ -116,6 +116,14 @@ def verify_check(
         if capture is not None:
             result.dependencies = sorted(capture.dependencies(capture.captured))
     return result
+
+
+def stored_result_key(check: Check, project: Project, world_size: int, mode: str) -> str:
+    """The key of a check's stored result: its declaration and where its code is imported from.
+    Two copies of a project (a worktree, a bug variant) declare the same check but verify other
+    files; the stored report names its files and lines, so each copy has its own."""
+    where = [str(project.root.resolve()), *(str(path.resolve()) for path in project.python_path)]
+    return result_key(f"{check!r} at {where}", world_size, mode)
 
 
 def _verify_world_size(

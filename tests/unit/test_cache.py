@@ -85,3 +85,23 @@ def test_of_several_units_only_those_the_cache_lacks_are_saturated(cache_dir: Pa
     results = cache.saturate_all(box, jobs)
     assert [cached for _, cached in results] == [True, False]
     assert box.calls == 2
+
+
+def test_two_copies_of_a_project_keep_their_own_results(tmp_path: Path) -> None:
+    """A stored report names files and lines: a copy of the project (a worktree, a bug variant)
+    that declares the same check must not be served the original's report."""
+    import shutil
+
+    from shardproof.config import load_project
+    from shardproof.pipeline import stored_result_key
+
+    original = Path(__file__).resolve().parents[1] / "fixtures" / "tiny"
+    copy = tmp_path / "tiny-copy"
+    shutil.copytree(original, copy)
+    keys = []
+    for root in (original, copy):
+        project = load_project(root)
+        keys.append(stored_result_key(project.check("ok"), project, 2, "memoize=False partition=True"))
+    assert keys[0] != keys[1]
+    project = load_project(original)
+    assert keys[0] == stored_result_key(project.check("ok"), project, 2, "memoize=False partition=True")
