@@ -54,3 +54,44 @@ def test_the_regrouped_dispatch_is_every_ranks_block_of_my_experts_in_rank_order
 
 def test_without_the_transpose_the_groups_are_interleaved_and_nothing_is_stated() -> None:
     assert _fold(regroup=False) == []
+
+
+def _list_exchange(rank: int, empty: bool = False) -> Graph:
+    """`dist.all_to_all(received, list(x.chunk(2, dim=1)))` then `torch.cat(received, dim=0)`, as
+    capture lowers it: each piece flattened into one buffer, the buffer exchanged, its halves
+    viewed back and concatenated along another dim (DeepSpeed-Ulysses' sequence/head exchange).
+    With `empty`, an empty slice of the buffer is taken as well (a split into a zero-size part)."""
+    meta = TensorMeta((2, 4), "float32")
+    piece, flat, half = TensorMeta((2, 2), "float32"), TensorMeta((4,), "float32"), TensorMeta((8,), "float32")
+    nodes = [
+        Node("p0", "slice", ("x",), {"dim": -1, "start": 0, "end": 2}, piece),
+        Node("p1", "slice", ("x",), {"dim": -1, "start": 2, "end": 4}, piece),
+        Node("f0", "view", ("p0",), {"shape": [4]}, flat),
+        Node("f1", "view", ("p1",), {"shape": [4]}, flat),
+        Node("buf", "cat", ("f0", "f1"), {"dim": -1}, half),
+        Node("a2a", "all_to_all", ("buf",), {}, half, collective=Collective("all_to_all", None, (0, 1))),
+        Node("r0", "slice", ("a2a",), {"dim": -1, "start": 0, "end": 4}, flat),
+        Node("r1", "slice", ("a2a",), {"dim": -1, "start": 4, "end": 8}, flat),
+        Node("v0", "view", ("r0",), {"shape": [2, 2]}, piece),
+        Node("v1", "view", ("r1",), {"shape": [2, 2]}, piece),
+        Node("out", "cat", ("v0", "v1"), {"dim": -2}, TensorMeta((4, 2), "float32")),
+    ]
+    if empty:
+        nodes.append(Node("none", "slice", ("a2a",), {"dim": -1, "start": 8, "end": 8}, TensorMeta((0,), "float32")))
+    return Graph(f"rank{rank}", rank, 2, [Placeholder("x", "input", "0", meta)], nodes, ["out"])
+
+
+def test_an_exchange_of_a_list_of_pieces_is_followed_through_slices_and_concatenations() -> None:
+    graphs = {r: _list_exchange(r) for r in (0, 1)}
+    calls = {r: graphs[r].node_map()["a2a"] for r in (0, 1)}
+    exchange = Exchange("all_to_all", (0, 1), calls, graphs)
+    nodes = graphs[1].node_map()
+    after = [nodes[n] for n in ("r0", "r1", "v0", "v1", "out")]
+    # rank 1 receives the second column block of every rank's x, stacked along the rows in rank order
+    assert ([Piece(0, "x", -1, 2, 4, False), Piece(1, "x", -1, 2, 4, False)], -2) in fold(exchange, 1, after)
+
+
+def test_an_empty_slice_of_the_received_value_states_nothing() -> None:
+    graphs = {r: _list_exchange(r, empty=True) for r in (0, 1)}
+    calls = {r: graphs[r].node_map()["a2a"] for r in (0, 1)}
+    assert fold(Exchange("all_to_all", (0, 1), calls, graphs), 0, [graphs[0].node_map()["none"]]) == []

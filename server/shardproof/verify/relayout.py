@@ -167,6 +167,8 @@ def _fold_from(exchange, receiver, after, sources, level, torch):  # type: ignor
     if env is None:
         return []
     result = _evaluate_into(env, after)
+    if result.numel() == 0:
+        return []  # an empty slice of the received value holds nothing to relate
     readings = []
     for dim in range(result.dim()):
         pieces = _pieces_along(result, dim, group, {r: sources[r].value for r in group}, shapes, base, torch)
