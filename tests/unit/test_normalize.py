@@ -124,3 +124,11 @@ def test_a_strided_slice_is_a_view_a_slice_and_a_view() -> None:
     # a step that does not divide the dim stays one call (never the raw as_strided)
     odd = _graph(lambda x: x[..., ::3], (2, 8))
     assert not any("as_strided" in str(n.attrs.get("target", "")) for n in odd.nodes)
+
+
+def test_a_decomposition_that_writes_into_fresh_memory_is_not_taken() -> None:
+    """torch.polar decomposes into new_empty and copies into its real and imaginary views; inlined
+    without its writes it would read the uninitialised buffer (transformers' DeepSeek-V2 rotary)."""
+    graph = _graph(lambda a, b: torch.view_as_real(torch.polar(a, b)), (2, 3), (2, 3))
+    assert not any(n.op == "uninitialized" for n in graph.nodes)
+    assert any("polar" in str(n.attrs.get("target", "")) for n in graph.nodes if n.op == "generic")

@@ -128,9 +128,23 @@ def trace(fx: torch.fx.Node) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]
             return None
         if "as_strided" in str(node.target):
             return None  # raw memory layout: no better than the call it replaces
+        if _writes_memory(node.target):
+            # writes into a fresh buffer (`polar` as `new_empty` + `copy_` into its real and
+            # imaginary views): the inlined graph has no functionalization, so the writes would
+            # be lost and the value read as the uninitialised buffer
+            return None
         if node.target is fx.target:
             return None  # the decomposition calls the op itself: nothing is gained
     return graph, tensors
+
+
+def _writes_memory(target: Any) -> bool:
+    """An in-place or out= op, or a factory of uninitialised memory."""
+    schema = getattr(target, "_schema", None)
+    if schema is not None and getattr(schema, "is_mutable", False):
+        return True
+    name = str(target)
+    return any(word in name for word in ("empty", "new_empty", "empty_like", "empty_strided"))
 
 
 def _is_return_type(target: Any) -> bool:
