@@ -34,12 +34,14 @@ DENSE = [
     "ApertusConfig",
     "OlmoConfig",
     "GraniteConfig",
+    "Phi3Config",  # an empty slice after its gathers once crashed the relayout
 ]
 MIXTURE_OF_EXPERTS = [
     "MixtralConfig",
     "Qwen3MoeConfig",
     "OlmoeConfig",
     "DeepseekV3Config",
+    "AXK2Config",  # a key shared by every head: once an unsound union (egglog's illegal merge of shapes)
 ]
 SAMPLE = DENSE + MIXTURE_OF_EXPERTS
 LIVE = "Qwen3MoeConfig"  # float64 refused by its experts: the float32 fallback runs too
@@ -90,3 +92,5 @@ def test_zoo_model_is_neither_falsely_verified_nor_falsely_alarmed(
     assert record["class"] != "false-verified", (name, verdict)
     assert record["class"] != "false-alarm", (name, verdict)
     assert record["class"] not in ("setup-failure", "error"), (name, record.get("reason"), verdict)
+    # every model of the sample is correct and proven today: a regression shows here first
+    assert record["class"] == "verified-equal", (name, verdict)
