@@ -7,7 +7,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from shardproof.graph.model import Node, TensorMeta
-from shardproof.verify.encode import _linear_factor, broadcast_facts, scaled_term, view_facts
+from shardproof.verify.encode import _linear_factor, scaled_term
+from shardproof.verify.layout_facts import broadcast_facts, view_facts
 
 
 def _node(op: str, **attrs: object) -> Node:

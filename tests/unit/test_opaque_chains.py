@@ -5,8 +5,9 @@ a chain exactly when they make the same calls, in the same order, on equal input
 from __future__ import annotations
 
 from shardproof.graph.model import Graph, Node, Placeholder, TensorMeta
-from shardproof.verify.encode import collapse_opaque_chains, encode_unit
+from shardproof.verify.encode import encode_unit
 from shardproof.verify.engine import saturate
+from shardproof.verify.opaque_calls import collapse_opaque_chains
 from shardproof.verify.relations_found import RelationIndex
 from shardproof.verify.verdict import output_relations
 

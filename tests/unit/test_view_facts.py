@@ -1,7 +1,7 @@
 """Dim correspondences of reshapes, as the movement rules see them."""
 
 from shardproof.localize.diagnose import blocked_tiling
-from shardproof.verify.encode import expand_facts, view_facts
+from shardproof.verify.layout_facts import expand_facts, view_facts
 
 
 def relations(facts: list[str]) -> set[str]:

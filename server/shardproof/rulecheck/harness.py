@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..verify import encode
+from ..verify import layout_facts
 from ..verify.rules import Rule, all_rules, casts_are_linear, fact_text
 from . import meaning
 from .meaning import MultiSet, Unbound, Undefined, same
@@ -328,12 +328,12 @@ class Instance:
         if made is None:
             return False
         if made.kind == "View":
-            stated = encode.view_facts("t", made.in_shape, made.out_shape)
+            stated = layout_facts.view_facts("t", made.in_shape, made.out_shape)
         elif made.kind == "Permute":
-            stated = encode.permute_facts("t", [int(p) for p in made.text.split(",")])
+            stated = layout_facts.permute_facts("t", [int(p) for p in made.text.split(",")])
         else:
-            stated = encode.expand_facts("t", made.in_shape, made.out_shape)
-            stated += encode.broadcast_facts("t", made.in_shape, made.out_shape)
+            stated = layout_facts.expand_facts("t", made.in_shape, made.out_shape)
+            stated += layout_facts.broadcast_facts("t", made.in_shape, made.out_shape)
         unbound = [i for i, f in enumerate(forms[1:]) if isinstance(f, Sym) and f.name not in self.env]
         known = {i: str(self.evaluate(f)) for i, f in enumerate(forms[1:]) if i not in unbound}
         for fact in stated:

@@ -20,6 +20,8 @@ from typing import Any
 
 from ..graph.model import Collective, Graph, Node, TensorMeta
 from ..relations import expr as px
+from .layout_facts import broadcast_facts, expand_facts, permute_facts, view_facts
+from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -639,111 +641,6 @@ def fill_value(value: Any) -> str:
     return str(value)
 
 
-def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
-    """How the dims of a reshape correspond, as vkeep / vsplit / vmerge facts (negative dims).
-
-    Non-unit dims are grouped by equal products: a group of one input and one output dim keeps a
-    dim, one input and several outputs splits it (outer dim first), several inputs and one output
-    merge. Size-1 dims carry no data: one may sit anywhere between the same two non-unit dims
-    without changing the element order, so a unit input dim keeps onto every unit output dim of
-    the same gap, and a unit dim next to a kept dim may be read as the outer part of a split
-    (or merge) of it. That makes [16] -> [1, 16] on a rank line up with [192] -> [12, 16] on the
-    reference.
-
-    Every fact ends with the view's shape outside the dims it relates (those written `*`): the
-    movement rules carry a selection from one pair of views to another only when these agree,
-    because a selection says the two values agree in every other dim. Two views of one value
-    that keep its last dim but flatten the rest differently ([2, 16, 8] to [32, 8] and to
-    [2, 16, 1, 8]) are not selections of each other.
-    """
-    ni, no = len(in_shape), len(out_shape)
-    in_real = [d for d in range(ni) if in_shape[d] != 1]
-    out_real = [d for d in range(no) if out_shape[d] != 1]
-    groups: list[tuple[list[int], list[int]]] = []
-    i = o = 0
-    while i < len(in_real) and o < len(out_real):
-        gi, go = [in_real[i]], [out_real[o]]
-        pi, po = in_shape[in_real[i]], out_shape[out_real[o]]
-        while pi != po:
-            if pi < po:
-                i += 1
-                if i >= len(in_real):
-                    return []
-                gi.append(in_real[i])
-                pi *= in_shape[in_real[i]]
-            else:
-                o += 1
-                if o >= len(out_real):
-                    return []
-                go.append(out_real[o])
-                po *= out_shape[out_real[o]]
-        groups.append((gi, go))
-        i += 1
-        o += 1
-    facts: list[str] = []
-
-    def outside(shape: tuple[int, ...], first: int, last: int) -> str:
-        return ",".join("*" if first <= d <= last else str(size) for d, size in enumerate(shape))
-
-    def fact(kind: str, inputs: tuple[int, int], outputs: tuple[int, int], *values: int) -> None:
-        rest = f"{outside(in_shape, *inputs)}->{outside(out_shape, *outputs)}"
-        facts.append(f'({kind} {name} {" ".join(str(v) for v in values)} "{rest}")')
-
-    for gi, go in groups:
-        span = (gi[0], gi[-1]), (go[0], go[-1])
-        if len(gi) == 1 and len(go) == 1:
-            fact("vkeep", *span, gi[0] - ni, go[0] - no)
-        elif len(gi) == 1:
-            fact("vsplit", *span, gi[0] - ni, go[0] - no, math.prod(out_shape[go[0] + 1 : go[-1] + 1]))
-        elif len(go) == 1:
-            fact("vmerge", *span, gi[0] - ni, go[0] - no, math.prod(in_shape[gi[0] + 1 : gi[-1] + 1]))
-    in_edges = [-1] + [gi[-1] for gi, _ in groups] + [ni]
-    out_edges = [-1] + [go[-1] for _, go in groups] + [no]
-    for k in range(len(groups) + 1):
-        in_units = [d for d in range(in_edges[k] + 1, groups[k][0][0] if k < len(groups) else ni) if in_shape[d] == 1]
-        out_units = [
-            d for d in range(out_edges[k] + 1, groups[k][1][0] if k < len(groups) else no) if out_shape[d] == 1
-        ]
-        for iu in in_units:
-            for ou in out_units:
-                fact("vkeep", (iu, iu), (ou, ou), iu - ni, ou - no)
-        if k < len(groups) and len(groups[k][1]) == 1 < len(groups[k][0]):
-            # a unit dim before a merge may be read as its outermost part ([1, 8, 32] -> [256] on
-            # a rank holding one row of the reference's [4, 8, 32] -> [1024])
-            gi, (o_dim,) = groups[k]
-            for iu in in_units:
-                fact(
-                    "vmerge",
-                    (iu, gi[-1]),
-                    (o_dim, o_dim),
-                    iu - ni,
-                    o_dim - no,
-                    math.prod(in_shape[iu + 1 : gi[-1] + 1]),
-                )
-        if k < len(groups) and len(groups[k][0]) == 1 < len(groups[k][1]):
-            (i_dim,), go = groups[k]
-            for ou in out_units:
-                fact(
-                    "vsplit",
-                    (i_dim, i_dim),
-                    (ou, go[-1]),
-                    i_dim - ni,
-                    ou - no,
-                    math.prod(out_shape[ou + 1 : go[-1] + 1]),
-                )
-        if k < len(groups) and len(groups[k][0]) == 1 and len(groups[k][1]) == 1:
-            (i_dim,), (o_dim,) = groups[k]
-            for ou in out_units:
-                fact(
-                    "vsplit", (i_dim, i_dim), (ou, o_dim), i_dim - ni, ou - no, math.prod(out_shape[ou + 1 : o_dim + 1])
-                )
-            for iu in in_units:
-                fact(
-                    "vmerge", (iu, i_dim), (o_dim, o_dim), iu - ni, o_dim - no, math.prod(in_shape[iu + 1 : i_dim + 1])
-                )
-    return facts
-
-
 SCALED_SUFFIX = "#unscaled"
 
 
@@ -794,36 +691,6 @@ def _linear_factor(node: Node, factors: list[Fraction]) -> Fraction | None:
     return None
 
 
-def broadcast_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
-    """(ebk y d key): dim d of expansion y is broadcast (absent or of size 1 in the source); key is
-    y's shape with dim d left out, so two expansions of one value with equal keys differ only along d."""
-    facts = []
-    for k in range(1, len(out_shape) + 1):
-        if k > len(in_shape) or in_shape[-k] == 1:
-            key = ",".join("_" if i == len(out_shape) - k else str(s) for i, s in enumerate(out_shape))
-            facts.append(f"(ebk {name} {-k} {_q(key)})")
-    return facts
-
-
-def permute_facts(name: str, perm: list[int]) -> list[str]:
-    """Output dim o of a permutation is input dim perm[o] (negative dims)."""
-    nd = len(perm)
-    return [f"(pmap {name} {in_dim - nd} {out_dim - nd})" for out_dim, in_dim in enumerate(perm)]
-
-
-def expand_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
-    """(emap y d key): dim d of expansion y is its source's dim d (not broadcast); key is y's shape
-    with dim d left out, so a selection along d carries over between two expansions only when
-    they expand every other dim alike (a rank's 4 heads and the reference's 8 are no selection
-    along another dim of each other)."""
-    facts = []
-    for k in range(1, len(in_shape) + 1):
-        if in_shape[-k] == out_shape[-k]:
-            key = ",".join("_" if i == len(out_shape) - k else str(s) for i, s in enumerate(out_shape))
-            facts.append(f"(emap {name} {-k} {_q(key)})")
-    return facts
-
-
 def encode_unit(
     reference: Graph,
     reference_values: dict[str, px.Expr],
@@ -860,115 +727,6 @@ def encode_unit(
     unit = encoder.finish()
     unit.law_targets = laws.targets
     return unit
-
-
-def opaque_key(node: Node) -> str:
-    """The quoted name of an opaque call's function symbol: its target and output index."""
-    return _q(f"{node.attrs.get('target', node.op)}#{node.attrs.get('index', 0)}")
-
-
-def opaque_attrs(node: Node) -> str:
-    """The quoted literal arguments of an opaque call (part of its term)."""
-    return _q(json.dumps(_opaque_payload(node), sort_keys=True, default=str))
-
-
-def _opaque_payload(node: Node) -> object:
-    """What decides an opaque call's result besides its target and inputs: its literal arguments
-    and the names of its keyword arguments (whose values are among the arguments)."""
-    args = node.attrs.get("args", [])
-    kwargs = node.attrs.get("kwargs", [])
-    return {"args": args, "kwargs": kwargs} if kwargs else args
-
-
-def collapse_opaque_chains(graph: Graph) -> Graph:
-    """`graph` with every chain of opaque calls made one opaque call (for a unit whose verdict
-    reads only its outputs).
-
-    A chain: calls of one target, each reading the one before it at the same argument position
-    and nothing else new (the other arguments are the same values), and each call's value read
-    only by the next and not an output. A memoized skeleton is one: a block call per layer, each
-    reading the previous layer's output and the same rotary tables. The chain becomes one call of
-    "chain of <target>" on the first call's arguments, with every call's literal arguments (the
-    instance paths) and the position in its key. Sound: two programs with the same chain term
-    compose the same calls in the same order, so on equal inputs they give equal outputs, the
-    only thing congruence (the sole rule of opaque calls) would have proven link by link; and
-    no unit with this encoding reads the values inside a chain."""
-    readers, nodes = graph.consumers(), graph.node_map()
-    outputs = set(graph.outputs)
-
-    def link(node: Node) -> tuple[Node, int] | None:
-        """The next call of node's chain and where it reads node, if any."""
-        following = readers.get(node.id, [])
-        if node.op != "generic" or node.id in outputs or len(following) != 1:
-            return None
-        after = nodes[following[0]]
-        same_call = (after.op, after.attrs.get("target"), after.attrs.get("index")) == (
-            node.op,
-            node.attrs.get("target"),
-            node.attrs.get("index"),
-        )
-        if not same_call or after.inputs.count(node.id) != 1 or len(after.inputs) != len(node.inputs):
-            return None
-        position = after.inputs.index(node.id)
-        others = after.inputs[:position] + after.inputs[position + 1 :]
-        if others != node.inputs[:position] + node.inputs[position + 1 :]:
-            return None
-        return after, position
-
-    links = {node.id: found for node in graph.nodes if (found := link(node)) is not None}
-    continued = {after.id for after, _ in links.values()}
-    replaced: dict[str, Node] = {}  # the last call of each chain -> the chain's call
-    inside: set[str] = set()
-    for node in graph.nodes:
-        if node.id not in links or node.id in continued:
-            continue
-        chain, position = [node], links[node.id][1]
-        while chain[-1].id in links and links[chain[-1].id][1] == position:
-            chain.append(links[chain[-1].id][0])
-        if len(chain) < 2:
-            continue
-        last = chain[-1]
-        inside.update(call.id for call in chain[:-1])
-        attrs = {
-            "target": f"chain of {last.attrs.get('target')}",
-            "index": last.attrs.get("index", 0),
-            "args": {"position": position, "calls": [_opaque_payload(call) for call in chain]},
-        }
-        replaced[last.id] = Node(
-            last.id, "generic", node.inputs, attrs, last.meta, last.site, last.module_path, last.module_type
-        )
-    if not replaced:
-        return graph
-    nodes = [replaced.get(node.id, node) for node in graph.nodes if node.id not in inside]
-    return Graph(
-        graph.name,
-        graph.rank,
-        graph.world_size,
-        graph.placeholders,
-        nodes,
-        graph.outputs,
-        graph.source_files,
-        graph.plan_entries,
-    )
-
-
-def _between_opaque_calls(graph: Graph, with_laws: frozenset[str] = frozenset()) -> set[str]:
-    """Values of opaque calls (`generic` nodes) read only by opaque calls without derived laws
-    (whose rules read their inputs' shapes), outputs excepted."""
-    readers, nodes = graph.consumers(), graph.node_map()
-    outputs = set(graph.outputs)
-
-    def lawless(reader: Node) -> bool:
-        return reader.op == "generic" and str(reader.attrs.get("target")) not in with_laws
-
-    return {
-        node.id
-        for node in graph.nodes
-        if node.op == "generic"
-        and node.id not in outputs
-        and node.id in readers
-        and all(lawless(nodes[reader]) for reader in readers[node.id])
-    }
 
 
 def _encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:

@@ -334,7 +334,7 @@ def laws_for(graph: Graph, has_rule: frozenset[str]) -> LawSet:
     Calls that share a target and literal arguments share one function symbol, whatever their
     shapes; a law becomes a rule for them when it holds on every such call of the reference
     with those ranks (a rule states its operands' ranks), checked on each call's own shapes."""
-    from .encode import opaque_attrs, opaque_key
+    from .opaque_calls import opaque_attrs, opaque_key
 
     metas = {p.id: p.meta for p in graph.placeholders}
     metas.update({n.id: n.meta for n in graph.nodes})

@@ -1,0 +1,147 @@
+"""How the dims of a view, permute or expand correspond: the front-end facts the layout rules
+follow (vkeep / vsplit / vmerge, pmap, emap, ebk). Shapes are static, so these are computed here
+from the two shapes rather than derived in the e-graph."""
+
+from __future__ import annotations
+
+import json
+import math
+
+
+def _q(text: str) -> str:
+    return json.dumps(text)
+
+
+def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    """How the dims of a reshape correspond, as vkeep / vsplit / vmerge facts (negative dims).
+
+    Non-unit dims are grouped by equal products: a group of one input and one output dim keeps a
+    dim, one input and several outputs splits it (outer dim first), several inputs and one output
+    merge. Size-1 dims carry no data: one may sit anywhere between the same two non-unit dims
+    without changing the element order, so a unit input dim keeps onto every unit output dim of
+    the same gap, and a unit dim next to a kept dim may be read as the outer part of a split
+    (or merge) of it. That makes [16] -> [1, 16] on a rank line up with [192] -> [12, 16] on the
+    reference.
+
+    Every fact ends with the view's shape outside the dims it relates (those written `*`): the
+    movement rules carry a selection from one pair of views to another only when these agree,
+    because a selection says the two values agree in every other dim. Two views of one value
+    that keep its last dim but flatten the rest differently ([2, 16, 8] to [32, 8] and to
+    [2, 16, 1, 8]) are not selections of each other.
+    """
+    ni, no = len(in_shape), len(out_shape)
+    in_real = [d for d in range(ni) if in_shape[d] != 1]
+    out_real = [d for d in range(no) if out_shape[d] != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = o = 0
+    while i < len(in_real) and o < len(out_real):
+        gi, go = [in_real[i]], [out_real[o]]
+        pi, po = in_shape[in_real[i]], out_shape[out_real[o]]
+        while pi != po:
+            if pi < po:
+                i += 1
+                if i >= len(in_real):
+                    return []
+                gi.append(in_real[i])
+                pi *= in_shape[in_real[i]]
+            else:
+                o += 1
+                if o >= len(out_real):
+                    return []
+                go.append(out_real[o])
+                po *= out_shape[out_real[o]]
+        groups.append((gi, go))
+        i += 1
+        o += 1
+    facts: list[str] = []
+
+    def outside(shape: tuple[int, ...], first: int, last: int) -> str:
+        return ",".join("*" if first <= d <= last else str(size) for d, size in enumerate(shape))
+
+    def fact(kind: str, inputs: tuple[int, int], outputs: tuple[int, int], *values: int) -> None:
+        rest = f"{outside(in_shape, *inputs)}->{outside(out_shape, *outputs)}"
+        facts.append(f'({kind} {name} {" ".join(str(v) for v in values)} "{rest}")')
+
+    for gi, go in groups:
+        span = (gi[0], gi[-1]), (go[0], go[-1])
+        if len(gi) == 1 and len(go) == 1:
+            fact("vkeep", *span, gi[0] - ni, go[0] - no)
+        elif len(gi) == 1:
+            fact("vsplit", *span, gi[0] - ni, go[0] - no, math.prod(out_shape[go[0] + 1 : go[-1] + 1]))
+        elif len(go) == 1:
+            fact("vmerge", *span, gi[0] - ni, go[0] - no, math.prod(in_shape[gi[0] + 1 : gi[-1] + 1]))
+    in_edges = [-1] + [gi[-1] for gi, _ in groups] + [ni]
+    out_edges = [-1] + [go[-1] for _, go in groups] + [no]
+    for k in range(len(groups) + 1):
+        in_units = [d for d in range(in_edges[k] + 1, groups[k][0][0] if k < len(groups) else ni) if in_shape[d] == 1]
+        out_units = [
+            d for d in range(out_edges[k] + 1, groups[k][1][0] if k < len(groups) else no) if out_shape[d] == 1
+        ]
+        for iu in in_units:
+            for ou in out_units:
+                fact("vkeep", (iu, iu), (ou, ou), iu - ni, ou - no)
+        if k < len(groups) and len(groups[k][1]) == 1 < len(groups[k][0]):
+            # a unit dim before a merge may be read as its outermost part ([1, 8, 32] -> [256] on
+            # a rank holding one row of the reference's [4, 8, 32] -> [1024])
+            gi, (o_dim,) = groups[k]
+            for iu in in_units:
+                fact(
+                    "vmerge",
+                    (iu, gi[-1]),
+                    (o_dim, o_dim),
+                    iu - ni,
+                    o_dim - no,
+                    math.prod(in_shape[iu + 1 : gi[-1] + 1]),
+                )
+        if k < len(groups) and len(groups[k][0]) == 1 < len(groups[k][1]):
+            (i_dim,), go = groups[k]
+            for ou in out_units:
+                fact(
+                    "vsplit",
+                    (i_dim, i_dim),
+                    (ou, go[-1]),
+                    i_dim - ni,
+                    ou - no,
+                    math.prod(out_shape[ou + 1 : go[-1] + 1]),
+                )
+        if k < len(groups) and len(groups[k][0]) == 1 and len(groups[k][1]) == 1:
+            (i_dim,), (o_dim,) = groups[k]
+            for ou in out_units:
+                fact(
+                    "vsplit", (i_dim, i_dim), (ou, o_dim), i_dim - ni, ou - no, math.prod(out_shape[ou + 1 : o_dim + 1])
+                )
+            for iu in in_units:
+                fact(
+                    "vmerge", (iu, i_dim), (o_dim, o_dim), iu - ni, o_dim - no, math.prod(in_shape[iu + 1 : i_dim + 1])
+                )
+    return facts
+
+
+def broadcast_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    """(ebk y d key): dim d of expansion y is broadcast (absent or of size 1 in the source); key is
+    y's shape with dim d left out, so two expansions of one value with equal keys differ only along d."""
+    facts = []
+    for k in range(1, len(out_shape) + 1):
+        if k > len(in_shape) or in_shape[-k] == 1:
+            key = ",".join("_" if i == len(out_shape) - k else str(s) for i, s in enumerate(out_shape))
+            facts.append(f"(ebk {name} {-k} {_q(key)})")
+    return facts
+
+
+def permute_facts(name: str, perm: list[int]) -> list[str]:
+    """Output dim o of a permutation is input dim perm[o] (negative dims)."""
+    nd = len(perm)
+    return [f"(pmap {name} {in_dim - nd} {out_dim - nd})" for out_dim, in_dim in enumerate(perm)]
+
+
+def expand_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    """(emap y d key): dim d of expansion y is its source's dim d (not broadcast); key is y's shape
+    with dim d left out, so a selection along d carries over between two expansions only when
+    they expand every other dim alike (a rank's 4 heads and the reference's 8 are no selection
+    along another dim of each other)."""
+    facts = []
+    for k in range(1, len(in_shape) + 1):
+        if in_shape[-k] == out_shape[-k]:
+            key = ",".join("_" if i == len(out_shape) - k else str(s) for i, s in enumerate(out_shape))
+            facts.append(f"(emap {name} {-k} {_q(key)})")
+    return facts
