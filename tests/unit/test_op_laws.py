@@ -85,3 +85,12 @@ def test_a_law_rule_names_its_operands_ranks_and_sizes() -> None:
     assert "(= 2 (nd X0))" in text and "(= 1 (nd X1))" in text and "(= 2 (nd Y))" in text
     assert "(sel X1 x1 -1 R)" in text and "(= K (sz X1 -1))" in text and "(= K (sz Y -2))" in text
     assert ":ruleset derived" in text and text.count("(Op2 ") == 2
+
+
+def test_a_law_whose_partial_input_is_an_integer_on_some_call_is_not_kept() -> None:
+    """Calls of one target and literal arguments share a rule whatever their dtypes: a law found on
+    a float call and checked on an integer one fails its check instead of crashing it."""
+    metas = (TensorMeta((8, 4), "int64"), TensorMeta((8,), "int64"))
+    call = Call(torch.ops.aten.index.Tensor, ("<tensor>", ["<tensor>"]), (), metas, TensorMeta((8, 4), "int64"))
+    problem = check_law(call, Law("aten::index.Tensor", (P, R), P))
+    assert problem is not None and "integers" in problem
