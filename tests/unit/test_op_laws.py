@@ -87,10 +87,14 @@ def test_a_law_rule_names_its_operands_ranks_and_sizes() -> None:
     assert ":ruleset derived" in text and text.count("(Op2 ") == 2
 
 
-def test_a_law_whose_partial_input_is_an_integer_on_some_call_is_not_kept() -> None:
+def test_a_law_is_checked_on_every_dtype_its_symbol_is_called_with() -> None:
     """Calls of one target and literal arguments share a rule whatever their dtypes: a law found on
-    a float call and checked on an integer one fails its check instead of crashing it."""
-    metas = (TensorMeta((8, 4), "int64"), TensorMeta((8,), "int64"))
-    call = Call(torch.ops.aten.index.Tensor, ("<tensor>", ["<tensor>"]), (), metas, TensorMeta((8, 4), "int64"))
+    a float call is checked on an integer call too (integer sums are exact), and a partial sum of
+    booleans (no sum at all) fails its check instead of crashing it."""
+    ints = (TensorMeta((8, 4), "int64"), TensorMeta((8,), "int64"))
+    call = Call(torch.ops.aten.index.Tensor, ("<tensor>", ["<tensor>"]), (), ints, TensorMeta((8, 4), "int64"))
+    assert check_law(call, Law("aten::index.Tensor", (P, R), P)) is None
+    bools = (TensorMeta((8, 4), "bool"), TensorMeta((8,), "int64"))
+    call = Call(torch.ops.aten.index.Tensor, ("<tensor>", ["<tensor>"]), (), bools, TensorMeta((8, 4), "bool"))
     problem = check_law(call, Law("aten::index.Tensor", (P, R), P))
-    assert problem is not None and "integers" in problem
+    assert problem is not None and "booleans" in problem

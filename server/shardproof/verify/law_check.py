@@ -105,16 +105,23 @@ def _worlds(law: Law, call: Call, inputs: list[Any], generator: Any, trial: int)
             worlds.append([(index, _select(law, inputs, index))])
         return worlds
     (partial,) = [i for i, p in enumerate(law.inputs) if p.kind == "P"]
-    if not inputs[partial].is_floating_point():
-        raise ValueError("a partial sum of integers")  # calls of one symbol may differ in dtype
+    whole = inputs[partial]
+    if whole.dtype == torch.bool:
+        raise ValueError("a partial sum of booleans")  # calls of one symbol may differ in dtype
     for world in WORLDS:
-        terms = [
-            torch.randn(inputs[partial].shape, generator=generator, dtype=inputs[partial].dtype)
-            for _ in range(world - 1)
-        ]
+        terms = [_term_like(whole, generator) for _ in range(world - 1)]
         terms.append(inputs[partial] - sum(terms))
         worlds.append([(None, [term if i == partial else t for i, t in enumerate(inputs)]) for term in terms])
     return worlds
+
+
+def _term_like(whole: Any, generator: Any) -> Any:
+    """A random term of a sum: floats, or small integers (integer sums are exact too)."""
+    import torch
+
+    if whole.is_floating_point():
+        return torch.randn(whole.shape, generator=generator, dtype=whole.dtype)
+    return torch.randint(-5, 6, whole.shape, generator=generator, dtype=whole.dtype)
 
 
 def _blocks(size: int, world: int, uneven: bool) -> list[tuple[int, int]]:
