@@ -20,15 +20,12 @@ from typing import Any
 
 from ..graph.model import Collective, Graph, Node, TensorMeta
 from ..relations import expr as px
+from .language import quoted as _q
 from .layout_facts import broadcast_facts, expand_facts, permute_facts, view_facts
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
-
-
-def _q(text: str) -> str:
-    return json.dumps(text)
 
 
 def _shape_text(shape: tuple[int, ...] | list[int]) -> str:

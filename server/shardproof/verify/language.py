@@ -122,3 +122,10 @@ DECLARATIONS = r"""
 
 # Relations whose rows the verifier reads back after saturation.
 RESULT_RELATIONS = ("sel", "selw", "psum", "pmax", "frac", "node")
+
+
+def quoted(text: str) -> str:
+    """`text` as an egglog string literal."""
+    import json
+
+    return json.dumps(text)

@@ -4,12 +4,9 @@ from the two shapes rather than derived in the e-graph."""
 
 from __future__ import annotations
 
-import json
 import math
 
-
-def _q(text: str) -> str:
-    return json.dumps(text)
+from .language import quoted as _q
 
 
 def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:

@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 
 from ..graph.model import Graph, Node
-
-
-def _q(text: str) -> str:
-    return json.dumps(text)
+from .language import quoted as _q
 
 
 def opaque_key(node: Node) -> str:
