@@ -63,6 +63,10 @@ MUTANTS = [
     ("max-of-selection-is-partial", "((pmax Y y s e K))", "((pmax Y y 0 e K))"),  # mislabelled partial max
     ("target-pick-is-partial", "(outside m I s e)", "(outside m I 0 e)"),  # picks of other ranks' targets kept
     ("all-reduce-max-of-tiling", "(MaxN ms)", "(SumN ms)"),  # partial maxes summed
+    ("index-set-cover-extend", "(RUnion U V)", "V"),  # forgets what the cover held
+    ("view-merge-inner-selection", "(RTile R h m)", "(RTile R n m)"),  # tiles by the rank's inner size
+    ("row-parallel-linear-over-index-set", "((psumi Y y R K))", "((psumi Y y (RCons s1 e1 (RNil)) K))"),
+    ("range-ascending-cons", "(<= e s2)", "(<= s s2)"),  # overlapping ranges called ascending
 ]
 
 

@@ -127,6 +127,10 @@ class _Box:
     starts: tuple[int, ...]
     lengths: tuple[int, ...]
     order: tuple[int, ...]  # layout dims in the region's dim order (non-unit region dims only)
+    steps: tuple[int, ...] = ()  # per layout dim, the step between the elements taken (none: all 1)
+
+    def step(self, d: int) -> int:
+        return self.steps[d] if self.steps else 1
 
 
 def _decode(layout: _Region, region: _Region) -> _Box | None:
@@ -143,24 +147,30 @@ def _decode(layout: _Region, region: _Region) -> _Box | None:
     if relative != 0:
         return None
     lengths = [1] * len(layout.shape)
+    steps = [1] * len(layout.shape)
     order: list[int] = []
     used: set[int] = set()
     for size, stride in zip(region.shape, region.stride, strict=True):
         if size == 1:
             continue
-        match = [
-            d for d in range(len(layout.shape)) if layout.stride[d] == stride and d not in used and layout.shape[d] > 1
-        ]
+        free = [d for d in range(len(layout.shape)) if d not in used and layout.shape[d] > 1]
+        match = [d for d in free if layout.stride[d] == stride]
+        if not match and stride > 0:
+            # every k-th element of one dim (`W[rank::world_size]`): the dim of the largest stride
+            # that divides the region's, taken with that step
+            steppable = [d for d in free if layout.stride[d] > 0 and stride % layout.stride[d] == 0]
+            match = sorted(steppable, key=lambda d: -layout.stride[d])
         if not match:
             return None
         d = match[0]
         used.add(d)
         lengths[d] = size
+        steps[d] = stride // layout.stride[d]
         order.append(d)
     for d in range(len(layout.shape)):
-        if starts[d] + lengths[d] > layout.shape[d]:
+        if starts[d] + (lengths[d] - 1) * steps[d] + 1 > layout.shape[d]:
             return None
-    return _Box(tuple(starts), tuple(lengths), tuple(order))
+    return _Box(tuple(starts), tuple(lengths), tuple(order), tuple(steps) if any(k > 1 for k in steps) else ())
 
 
 def _read_box(
@@ -174,7 +184,11 @@ def _read_box(
     expr = content
     nd = len(layout_shape)
     for d in range(nd):
-        if box.lengths[d] != layout_shape[d]:
+        if box.step(d) > 1:
+            expr = _read_every_kth(expr, d, box.starts[d], box.lengths[d], box.step(d), dtype, site)
+            if expr is None:
+                return Opaque(op="strided view", sources=(content,), shape=out_shape, dtype=dtype, site=site)
+        elif box.lengths[d] != layout_shape[d]:
             sliced_shape = tuple(box.lengths[k] if k == d else expr.shape[k] for k in range(nd))
             expr = SliceOf(
                 source=expr,
@@ -196,6 +210,32 @@ def _read_box(
     if tuple(expr.shape) != tuple(out_shape):
         expr = ViewOf(source=expr, shape=tuple(out_shape), dtype=dtype, site=site)
     return expr
+
+
+def _read_every_kth(
+    expr: Expr, d: int, start: int, length: int, step: int, dtype: str, site: SourceSite | None
+) -> Expr | None:
+    """Elements start, start + step, ... (length of them) of dim d, as data movement the rules
+    follow: the span of whole groups of `step` is split into (length, step), the offset within a
+    group is sliced and the unit dim merged away. None when the last group runs past the dim."""
+    nd = len(expr.shape)
+    base, offset = start - start % step, start % step
+    if base + length * step > expr.shape[d]:
+        return None
+
+    def shaped(dim_sizes: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(expr.shape[:d]) + dim_sizes + tuple(expr.shape[d + 1 :])
+
+    if (base, base + length * step) != (0, expr.shape[d]):
+        span = shaped((length * step,))
+        end = base + length * step
+        expr = SliceOf(source=expr, dim=d - nd, start=base, end=end, shape=span, dtype=dtype, site=site)
+    grouped = ViewOf(source=expr, shape=shaped((length, step)), dtype=dtype, site=site)
+    within = d + 1 - (nd + 1)  # the step's dim, negative
+    picked = SliceOf(
+        source=grouped, dim=within, start=offset, end=offset + 1, shape=shaped((length, 1)), dtype=dtype, site=site
+    )
+    return ViewOf(source=picked, shape=shaped((length,)), dtype=dtype, site=site)
 
 
 @dataclass
@@ -442,7 +482,7 @@ class ProvenanceTracker(TorchDispatchMode):
             return
         region = _Region.of(target)
         box = _decode(record.layout, region)
-        if box is None or list(box.order) != sorted(box.order):
+        if box is None or list(box.order) != sorted(box.order) or box.steps:
             record.write(
                 _Box((0,) * len(record.layout.shape), record.layout.shape, ()),
                 Opaque(

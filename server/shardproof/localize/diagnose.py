@@ -32,7 +32,7 @@ from ..graph.model import Frame, Graph, Node, Placeholder, SourceSite
 from ..relations import expr as px
 from ..results import Discrepancy, Site, Unsupported
 from ..verify.encode import SCALED_SUFFIX, CollectiveIssue
-from ..verify.relations_found import Relation, RelationIndex
+from ..verify.relations_found import Relation, RelationIndex, ranges_text
 from .sites import Line, library_site, line_of, pick_frame, reference_lines, short, to_site
 from .stages import missing_layers
 
@@ -219,9 +219,8 @@ class Localizer:
         if rel.kind == "equal":
             return "replicated"
         if rel.kind == "sel":
-            spans = ", ".join(f"[{s}:{e}]" for s, e in rel.ranges)
             dim = len(shape) + rel.dim if shape else rel.dim
-            return f"slice {spans} of dim {dim}"
+            return f"slice {ranges_text(rel.ranges)} of dim {dim}"
         if rel.kind == "psum":
             return f"partial sum [{rel.start}:{rel.end}] of {rel.total}"
         if rel.kind == "selw":

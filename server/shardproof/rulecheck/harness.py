@@ -36,8 +36,8 @@ TRIALS = 3
 
 # Relations stating a class of ops (rules.py facts), and relations the encoder states about the
 # graph (how a view, permutation or expansion maps dims; which values feed an all-reduce).
-CLASS_RELATIONS = {"linear-unary", "scaling", "additive", "multiplicative", "additive-reduction"}
-FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "pmap", "emap", "ebk"}
+CLASS_RELATIONS = {"linear-unary", "scaling", "additive", "multiplicative", "additive-reduction", "unit-reduction"}
+FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "pmap", "emap", "ebk"}
 _STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS | {"multiset-of", "multiset-insert"}
 # Casts of every dtype the capture can produce: the encoder declares the ones it sees.
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
@@ -143,6 +143,12 @@ class Measure:
     def part(self, start: int, end: int) -> torch.Tensor:
         return combine(self.combine, self.parts[start:end])
 
+    def part_of(self, selected: list[int]) -> torch.Tensor:
+        """The contribution of the listed indices (with their multiplicity)."""
+        if not selected:
+            return torch.zeros_like(self.parts[0])
+        return combine(self.combine, self.parts[selected])
+
 
 def combine(kind: str, parts: Any) -> torch.Tensor:
     """The sum or the max of stacked (or listed) contributions."""
@@ -241,6 +247,7 @@ class Partial:
     end: int
     size: int
     kind: str = "sum"  # "max": a partial max
+    selected: list[int] | None = None  # an index set's contribution (psumi): its indices, not [start, end)
 
 
 @dataclass
@@ -371,6 +378,27 @@ class Instance:
             partial, lookup, mask, _start, _end = args
             keep = ~mask.bool()
             return partial.shape == lookup.shape and same(partial[keep], lookup[keep])
+        if name == "ascending":
+            selected = meaning.indices(args[0])
+            return bool(selected) and meaning.ascending(selected)
+        if name in ("psumi", "coveri", "coverip") and premise:
+            # (psumi X x R K): x is the contribution of the indices R; (coveri Z ms U K): the
+            # members add up to the contribution of the indices U
+            total, held, ranges, size = args
+            measure = self.gen.measures.get(id(total))
+            if measure is None:
+                raise RecipeError(f"a {name} premise needs its value made by gen.total(measure)")
+            selected = meaning.indices(ranges)
+            if name != "psumi":
+                if not isinstance(held, MultiSet):
+                    return False
+                held = combine("sum", held)
+            return (
+                measure.combine == "sum"
+                and measure.size == size
+                and all(0 <= i < size for i in selected)
+                and same(held, measure.part_of(selected))
+            )
         if name in ("psum", "pmax") and premise:
             total, contribution, start, end, size = args
             measure = self.gen.measures.get(id(total))
@@ -438,6 +466,13 @@ class Instance:
                 kind = "max" if name == "pmax" else "sum"
                 result.partials.append(Partial(value, contribution, start, end, size, kind))
                 return
+            elif name == "psumi":
+                value, contribution, ranges, size = (self.evaluate(a) for a in form[1:])
+                selected = meaning.indices(ranges)
+                result.partials.append(Partial(value, contribution, 0, 0, size, "sum", selected))
+                return
+            elif name in ("coveri", "coverip"):
+                holds = self._holds(name, [self.evaluate(a) for a in form[1:]], premise=True)
             elif name == "selp":
                 args = [self.evaluate(a) for a in form[1:]]
                 try:
@@ -489,10 +524,15 @@ def _partials_wrong(partials: list[Partial]) -> str | None:
     first = partials[0]
     if any(p.size != first.size or p.kind != first.kind or not same(p.value, first.value) for p in partials):
         return "the ranks' partial sums are of different values"
-    pieces = sorted((p.start, p.end) for p in partials)
-    edges = [0] + [end for _, end in pieces]
-    if [start for start, _ in pieces] != edges[:-1] or edges[-1] != first.size:
-        return f"the ranks' contributions {pieces} do not tile [0, {first.size})"
+    if any(p.selected is not None for p in partials):
+        covered = sorted(i for p in partials for i in p.selected or ())
+        if covered != list(range(first.size)):
+            return f"the ranks' index sets {[p.selected for p in partials]} do not partition [0, {first.size})"
+    else:
+        pieces = sorted((p.start, p.end) for p in partials)
+        edges = [0] + [end for _, end in pieces]
+        if [start for start, _ in pieces] != edges[:-1] or edges[-1] != first.size:
+            return f"the ranks' contributions {pieces} do not tile [0, {first.size})"
     total = combine(first.kind, [p.contribution for p in partials])
     if not same(total, first.value):
         error = (total - first.value).abs().max().item() if total.shape == first.value.shape else "shape"

@@ -1577,3 +1577,38 @@ instance_and_near_miss(
 instance_and_near_miss(
     "window-meets-selection-in-concat-right", lambda g, near: _concat_window_and_selection(g, near, False)
 )
+
+
+@instance("sum-over-concatenated-dim", "max-over-concatenated-dim", "min-over-concatenated-dim")
+def _(g: Gen) -> dict[str, Any]:
+    return _two_pieces(g) | {"k": g.int(0, 1)}
+
+
+def _unit_dim_view(g: Gen, not_one: bool) -> dict[str, Any]:
+    """A value viewed with one size-1 dim inserted, reduced over that dim (a near miss: `all` or
+    `any`, which of one element is its truth value, not the element)."""
+    x = g.tensor(*_shape(g, g.int(1, 3)))
+    nd = x.dim() + 1
+    d = g.int(-nd, -1)
+    shape = list(x.shape)
+    shape.insert(nd + d, 1)
+    f = g.pick(("all", "any")) if not_one else g.pick(_members("unit-reduction"))
+    return {"x": x, "s": ",".join(str(n) for n in shape), "d": d, "f": f}
+
+
+instance_and_near_miss("reduce-inserted-unit-dim", _unit_dim_view)
+
+
+def _unit_dim_kept(g: Gen, longer: bool) -> dict[str, Any]:
+    """A value with a size-1 dim reduced keeping it (a near miss: the dim has two elements)."""
+    shape = _shape(g, g.int(1, 3))
+    d = g.int(-len(shape), -1)
+    shape[d] = 2 if longer else 1
+    return {"X": g.tensor(*shape), "d": d, "f": g.pick(_members("unit-reduction"))}
+
+
+instance_and_near_miss("reduce-unit-dim-keepdim", _unit_dim_kept)
+
+
+# The index-set rules' instances live with their concern; importing registers them.
+from . import index_set_instances  # noqa: E402, F401

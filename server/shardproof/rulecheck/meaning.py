@@ -11,6 +11,7 @@ dtype really truncate.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -40,7 +41,7 @@ class MultiSet(list):
 
 
 # -- range lists --------------------------------------------------------------------------------
-RANGE_CONSTRUCTORS = {"RNil", "RCons", "RApp", "RShift", "RSub", "RClip", "RDiv", "RMul", "RCompose"}
+RANGE_CONSTRUCTORS = {"RNil", "RCons", "RApp", "RShift", "RSub", "RClip", "RDiv", "RMul", "RCompose", "RTile", "RUnion"}
 
 
 def range_list(ranges: list[tuple[int, int]]) -> tuple:
@@ -99,7 +100,21 @@ def indices(term: tuple) -> list[int]:
         if any(p >= len(selected) for p in positions):
             raise Undefined("positions past the end of a selection")
         return [selected[p] for p in positions]
+    if kind == "RTile":  # m copies of the selection, the i-th shifted by i * h
+        selected, h, m = indices(term[1]), term[2], term[3]
+        if m < 0:
+            raise Undefined(f"{m} copies")
+        return [i + copy * h for copy in range(m) for i in selected]
+    if kind == "RUnion":  # the merge of two ascending, disjoint selections
+        left, right = indices(term[1]), indices(term[2])
+        if not ascending(left) or not ascending(right) or set(left) & set(right):
+            raise Undefined("a merge of selections that are not ascending and disjoint")
+        return sorted(left + right)
     raise ValueError(f"not a range list: {term!r}")
+
+
+def ascending(selected: list[int]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(selected))
 
 
 # -- tensor ops ------------------------------------------------------------------------------------

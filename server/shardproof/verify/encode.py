@@ -136,6 +136,11 @@ class Encoder:
         elif isinstance(expr, px.ViewOf):
             src = self.expr_term(expr.source, leaf_name)
             name = self._view(src, tuple(expr.source.shape), meta)
+            if tuple(expr.source.shape) != tuple(expr.shape):
+                # the view back to the source's shape is the source: the term the rules need to see
+                # a shard taken through a view (every k-th row) as a selection of the source itself
+                back = self._view(name, tuple(expr.shape), TensorMeta(tuple(expr.source.shape), expr.dtype))
+                self.commands.append(f"(union {back} {src})")
         elif isinstance(expr, px.PermuteOf):
             src = self.expr_term(expr.source, leaf_name)
             name = self._permute(src, list(expr.perm), meta)

@@ -18,6 +18,8 @@ Relations (Datalog facts, all existence-guarded by the rules that derive them):
                           rank's partial sum)
   (coverb Y A ms e K n)  the sum of the multiset ms is the contribution of [0, e) of K to A plus n
                           copies of Y - A: all-reduce inputs tiling [0, e), n of them carrying the term
+  (psumi X x R K)         x is the contribution of the indices the range list R names (several ranges:
+                          every k-th row of a round-robin shard) to X (index_sets.py)
   (pmax X x s e K)       x is the max over reduced indices [s, e) of K of what X is the max of:
                           the max of such contributions over a tiling of [0, K) is X
   (outside m ids s e)    m == (ids < s) | (ids >= e)           (vocab-parallel masks)
@@ -32,7 +34,8 @@ its own, e.g. topk or cumsum along d.
 `(Pick X I d)` is X.gather(d, I.unsqueeze(d)).squeeze(d): row by row, the entry I names along d
 (a target's logit).
 
-Range lists `Rg` are built from RNil/RCons; RApp, RShift, RSub, RClip, RDiv, RMul and RCompose are
+Range lists `Rg` are built from RNil/RCons; RApp, RShift, RSub, RClip, RDiv, RMul, RCompose, RTile and
+RUnion are
 evaluated by the `ranges` ruleset. A rule whose conclusion needs a computed list states it as a
 pending selection `(selp X x d R)`; it becomes `(sel X x d R)` only once R evaluated to a plain
 list. A list operation whose precondition fails (a range not aligned to a head, a range outside
@@ -88,7 +91,9 @@ DECLARATIONS = r"""
     (RClip Rg i64 i64)
     (RDiv Rg i64)
     (RMul Rg i64)
-    (RCompose Rg Rg))
+    (RCompose Rg Rg)
+    (RTile Rg i64 i64)
+    (RUnion Rg Rg))
 
 (function sz (T i64) i64 :no-merge)
 (function nd (T) i64 :no-merge)
@@ -98,6 +103,10 @@ DECLARATIONS = r"""
 (relation evaluated (Rg))
 (relation selw (T T i64 i64 i64 i64))
 (relation psum (T T i64 i64 i64))
+(relation psumi (T T Rg i64))
+(relation coveri (T TSet Rg i64))
+(relation coverip (T TSet Rg i64))
+(relation ascending (Rg))
 (relation pmax (T T i64 i64 i64))
 (relation frac (T T i64 i64))
 (relation arin (T))
@@ -113,6 +122,7 @@ DECLARATIONS = r"""
 (relation vkeep (T i64 i64 String))
 (relation vsplit (T i64 i64 i64 String))
 (relation vmerge (T i64 i64 i64 String))
+(relation vunit (T i64))
 (relation pmap (T i64 i64))
 (relation emap (T i64 String))
 (relation ebk (T i64 String))

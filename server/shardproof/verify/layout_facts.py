@@ -27,6 +27,7 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
     [2, 16, 1, 8]) are not selections of each other.
     """
     ni, no = len(in_shape), len(out_shape)
+    facts: list[str] = unit_facts(name, in_shape, out_shape)
     in_real = [d for d in range(ni) if in_shape[d] != 1]
     out_real = [d for d in range(no) if out_shape[d] != 1]
     groups: list[tuple[list[int], list[int]]] = []
@@ -38,19 +39,18 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
             if pi < po:
                 i += 1
                 if i >= len(in_real):
-                    return []
+                    return facts
                 gi.append(in_real[i])
                 pi *= in_shape[in_real[i]]
             else:
                 o += 1
                 if o >= len(out_real):
-                    return []
+                    return facts
                 go.append(out_real[o])
                 po *= out_shape[out_real[o]]
         groups.append((gi, go))
         i += 1
         o += 1
-    facts: list[str] = []
 
     def outside(shape: tuple[int, ...], first: int, last: int) -> str:
         return ",".join("*" if first <= d <= last else str(size) for d, size in enumerate(shape))
@@ -77,6 +77,13 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
         for iu in in_units:
             for ou in out_units:
                 fact("vkeep", (iu, iu), (ou, ou), iu - ni, ou - no)
+        if k > 0 and len(groups[k - 1][0]) == 1 and len(groups[k - 1][1]) == 1:
+            # a unit dim after a kept dim may be read as its inner part, a merge with inner size 1
+            # ([16, 1, 8] -> [16, 8] on a rank holding every other row of the reference's
+            # [16, 2, 8] -> [32, 8])
+            (i_dim,), (o_dim,) = groups[k - 1]
+            for iu in in_units:
+                fact("vmerge", (i_dim, iu), (o_dim, o_dim), i_dim - ni, o_dim - no, 1)
         if k < len(groups) and len(groups[k][1]) == 1 < len(groups[k][0]):
             # a unit dim before a merge may be read as its outermost part ([1, 8, 32] -> [256] on
             # a rank holding one row of the reference's [4, 8, 32] -> [1024])
@@ -111,6 +118,16 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
                 fact(
                     "vmerge", (iu, i_dim), (o_dim, o_dim), iu - ni, o_dim - no, math.prod(in_shape[iu + 1 : i_dim + 1])
                 )
+    return facts
+
+
+def unit_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
+    """(vunit y d): view y only inserts a size-1 dim d into its source's shape (an unsqueeze, as
+    `stack` writes each of its pieces), so reducing y over d gives back the source."""
+    facts = []
+    for o in range(len(out_shape)):
+        if out_shape[o] == 1 and tuple(out_shape[:o]) + tuple(out_shape[o + 1 :]) == tuple(in_shape):
+            facts.append(f"(vunit {name} {o - len(out_shape)})")
     return facts
 
 

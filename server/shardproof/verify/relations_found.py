@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -32,8 +33,7 @@ class Relation:
             return "the full value (replicated)"
         if self.kind == "sel":
             dim = _dim_name(self.dim, shape)
-            spans = ", ".join(f"[{s}:{e}]" for s, e in self.ranges)
-            return f"the slice {spans} of {dim}"
+            return f"the slice {ranges_text(self.ranges)} of {dim}"
         if self.kind == "selw":
             return (
                 f"a replicated slice of {self.length} taken anywhere in [{self.lo}:{self.hi + self.length}] of "
@@ -46,6 +46,19 @@ class Relation:
         if self.kind == "frac":
             return f"{self.num}/{self.den} of the value"
         return self.kind
+
+
+def ranges_text(ranges: Ranges) -> str:
+    """Ranges as `[s:e], ...`; a long run of equal ranges at a fixed step (every k-th row of a
+    round-robin shard) as its first and last ranges and the step."""
+    spans = [f"[{s}:{e}]" for s, e in ranges]
+    if len(ranges) > 3:
+        steps = {b[0] - a[0] for a, b in itertools.pairwise(ranges)}
+        lengths = {e - s for s, e in ranges}
+        if len(steps) == 1 and len(lengths) == 1:
+            (step,) = steps
+            return f"{spans[0]}, {spans[1]}, ..., {spans[-1]} (every {step} from {ranges[0][0]}, {len(ranges)} ranges)"
+    return ", ".join(spans)
 
 
 def _dim_name(dim: int, shape: tuple[int, ...] | None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "14"
+RULE_LIBRARY_VERSION = "15"
 
 
 @dataclass(frozen=True)
@@ -527,6 +527,38 @@ _rule(
     "((psum Y y s e K)))",
 )
 _rule(
+    "sum-over-concatenated-dim",
+    "normalization",
+    "summing over the dim of a concatenation adds the sums of its pieces (a stack of all-gathered partial "
+    "sums added up locally is an all-reduce)",
+    '(rewrite (Red "sum" (Cat a b d) d k) (Bin "add" (Red "sum" a d k) (Red "sum" b d k)))',
+)
+_rule(
+    "max-over-concatenated-dim",
+    "normalization",
+    "the max over the dim of a concatenation is the larger of its pieces' maxima",
+    '(rewrite (Red "amax" (Cat a b d) d k) (Bin "maximum" (Red "amax" a d k) (Red "amax" b d k)))',
+)
+_rule(
+    "min-over-concatenated-dim",
+    "normalization",
+    "the min over the dim of a concatenation is the smaller of its pieces' minima",
+    '(rewrite (Red "amin" (Cat a b d) d k) (Bin "minimum" (Red "amin" a d k) (Red "amin" b d k)))',
+)
+_rule(
+    "reduce-inserted-unit-dim",
+    "normalization",
+    "reducing (sum, mean, max, min, prod, logsumexp) over a size-1 dim a view only inserted gives back the "
+    "view's source: each reduction of one element is that element",
+    "(rule ((= Y (Red f X d 0)) (= X (View x s)) (vunit X d) (unit-reduction f)) ((union Y x)))",
+)
+_rule(
+    "reduce-unit-dim-keepdim",
+    "normalization",
+    "reducing over a size-1 dim, keeping it, changes nothing",
+    "(rule ((= Y (Red f X d 1)) (= 1 (sz X d)) (unit-reduction f)) ((union Y X)))",
+)
+_rule(
     "softmax-other-dim",
     "attention",
     "softmax over another dim keeps a selection",
@@ -982,16 +1014,21 @@ _FACTS = r"""
 (relation additive (String))
 (relation multiplicative (String))
 (relation additive-reduction (String))
+(relation unit-reduction (String))
 (linear-unary "neg")
 (scaling "mul") (scaling "div") (scaling "rmul")
 (additive "add") (additive "sub")
 (multiplicative "mul") (multiplicative "div")
 (additive-reduction "sum") (additive-reduction "mean")
+(unit-reduction "sum") (unit-reduction "mean") (unit-reduction "amax") (unit-reduction "amin")
+(unit-reduction "prod") (unit-reduction "logsumexp")
 """
 
 
 def all_rules() -> tuple[Rule, ...]:
-    return tuple(_RULES)
+    from .index_sets import INDEX_SET_RULES  # defined there by concern; it builds on Rule
+
+    return tuple(_RULES) + tuple(INDEX_SET_RULES)
 
 
 def opaque_ops() -> frozenset[str]:
@@ -999,7 +1036,7 @@ def opaque_ops() -> frozenset[str]:
     normalizer keeps them whole instead of writing out their decomposition."""
     import re
 
-    return frozenset(re.findall(r'\(Op\d "([^"#]+)', "\n".join(rule.text for rule in _RULES)))
+    return frozenset(re.findall(r'\(Op\d "([^"#]+)', "\n".join(rule.text for rule in all_rules())))
 
 
 def fact_text() -> str:
@@ -1011,7 +1048,7 @@ def program_text() -> str:
     """Declarations of the op-class facts, the rulesets and every rule."""
     lines = [_FACTS]
     lines.extend(f"(ruleset {family})" for family in FAMILIES)
-    lines.extend(rule.command() for rule in _RULES)
+    lines.extend(rule.command() for rule in all_rules())
     return "\n".join(lines)
 
 
