@@ -46,7 +46,7 @@ import linecache
 import math
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +78,24 @@ def prepare_export() -> None:
     with contextlib.suppress(ValueError):  # registered by someone else (the user's code, or torch)
         pytree.register_constant(DTensorSpec)
     _registered = True
+
+
+def global_values(value: object) -> object:
+    """`value` with every DTensor in it replaced by the global tensor it stands for (a sharded or
+    partial output is gathered or reduced, as `full_tensor()` does): what a rank returns."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda leaf: leaf.full_tensor() if is_dtensor(leaf) else leaf, value)
+
+
+@contextlib.contextmanager
+def global_outputs(module: nn.Module) -> Iterator[None]:
+    """While active, `module` returns its DTensor outputs as the global tensors they stand for."""
+    handle = module.register_forward_hook(lambda _module, _inputs, output: global_values(output))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def exported_name(name: str) -> str:
@@ -244,6 +262,58 @@ def attention_by_heads() -> Iterator[None]:
         propagator.propagate_op_sharding.cache_clear()
 
 
+# The composite ATen ops `F.cross_entropy` / `F.nll_loss` / `F.log_softmax` are made of. Run
+# eagerly they decompose before DTensor sees them, into the ops `loss_parallel()` handles
+# (`_log_softmax`, `nll_loss_forward`), which take a plain target next to sharded logits. Export
+# traces above that decomposition, so DTensor receives the composite op itself and rejects the
+# mix of a plain target and a DTensor.
+_COMPOSITE_LOSS_OPS = (
+    "cross_entropy_loss.default",
+    "log_softmax.int",
+    "nll_loss_nd.default",
+    "nll_loss.default",
+    "nll_loss2d.default",
+)
+
+
+@contextlib.contextmanager
+def losses_as_in_eager() -> Iterator[None]:
+    """While capturing, DTensor runs the composite loss ops as their decompositions, as eager mode
+    does, so `loss_parallel()` applies to them. Export records a DTensor op in its graph and runs
+    it through DTensor only when the graph is decomposed, after the user's `with loss_parallel():`
+    block has exited: so the loss handlers that block installs stay installed until the capture
+    ends (DTensor's default for a class-sharded log_softmax, an all-gather, computes the same
+    values; only the collectives differ)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    ops = [_aten_op(name) for name in _COMPOSITE_LOSS_OPS] + list(loss.customized_loss_ops)
+    previous = {op: handlers.get(op) for op in ops}
+    for op in ops[: len(_COMPOSITE_LOSS_OPS)]:
+        handlers[op] = _decomposed
+    disable = loss._disable_custom_loss_ops
+    loss._disable_custom_loss_ops = lambda: None
+    try:
+        yield
+    finally:
+        loss._disable_custom_loss_ops = disable
+        for op, handler in previous.items():
+            if handler is None:
+                handlers.pop(op, None)
+            else:
+                handlers[op] = handler
+
+
+def _aten_op(name: str) -> torch._ops.OpOverload:
+    packet, overload = name.split(".")
+    return getattr(getattr(torch.ops.aten, packet), overload)
+
+
+def _decomposed(op: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+    return op.decompose(*args, **(kwargs or {}))
+
+
 def decomposition_table() -> dict[object, object]:
     """The decompositions DTensor needs: composite ops only (it has sharding rules for the ops
     they decompose into), with attention kept whole (see `attention_by_heads`). Other ops stay
@@ -275,6 +345,43 @@ class AppliedStyle:
     style: str
     call: Frame  # the user's line that applied the plan
     written_by_user: bool  # torch plans are the user's dict; a model's built-in plan is not
+
+
+def local_storage(tensor: object) -> int:
+    """The storage of a DTensor's local tensor."""
+    return tensor._local_tensor.untyped_storage()._cdata  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def recording_distributed_sources(expr_of: Callable[[torch.Tensor], Expr]) -> Iterator[dict[int, tuple[object, Expr]]]:
+    """What every `distribute_tensor` call distributed, while the context is active: the storage of
+    the DTensor's local tensor (kept alive) -> the expression of the global tensor it was made
+    from (the storage, because `nn.Parameter` wraps the local tensor anew).
+    A DTensor's placements say how its local tensor relates to that global tensor; its local data
+    itself comes from a scatter, which the fake process group does not perform."""
+    sources: dict[int, tuple[object, Expr]] = {}
+    api = sys.modules.get("torch.distributed.tensor._api")
+    if api is None:
+        yield sources
+        return
+    original = api.distribute_tensor
+
+    @functools.wraps(original)
+    def distribute_tensor(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+        out = original(tensor, *args, **kwargs)
+        with contextlib.suppress(Exception):  # a source the tracker cannot name stays unknown
+            sources[local_storage(out)] = (out._local_tensor, expr_of(tensor))
+        return out
+
+    # modules that imported the function by name (parallel styles, distribute_module) call theirs
+    holders = [m for m in list(sys.modules.values()) if getattr(m, "distribute_tensor", None) is original]
+    for holder in holders:
+        holder.distribute_tensor = distribute_tensor
+    try:
+        yield sources
+    finally:
+        for holder in holders:
+            holder.distribute_tensor = original
 
 
 @contextlib.contextmanager

@@ -1358,6 +1358,10 @@ class _Builder:
     op__softmax = op_softmax
 
     def op_log_softmax(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """Written out as torch decomposes it (x - max - log(sum(exp(x - max)))), as `op_softmax`:
+        over a sharded dim it is then what DTensor's `loss_parallel()` and Megatron compute."""
+        if decompose.inline(self, fx):
+            return True
         source = self.value(args[0])
         self.add(fx, "log_softmax", [source], {"dim": norm_dim(args[1], meta.ndim)}, meta)
         return True

@@ -279,7 +279,12 @@ def _export(
                 dtensor.prepare_export()
             if with_dtensors:
                 # DTensor's sharding propagation needs composite ops decomposed (see dtensor.py)
-                with dtensor.traceable_embeddings(), dtensor.attention_by_heads():
+                with (
+                    dtensor.traceable_embeddings(),
+                    dtensor.attention_by_heads(),
+                    dtensor.losses_as_in_eager(),
+                    dtensor.global_outputs(module),
+                ):
                     program = torch.export.export(module, inputs, strict=False)
                     inline_grad_mode_regions(program.graph_module)
                     return program.run_decompositions(dtensor.decomposition_table())
@@ -652,10 +657,12 @@ class CheckCapture:
         if self.check.same_code_reference:
             reference_values = same_code_values or {}
             module = _build_module(self.build_parallel, stage, tracker)
+            distributed: dict[int, tuple[object, Expr]] = {}
         else:
             reference_module, reference_values = _build_reference(self.build_reference, tracker)
             with (
                 dtensor.recording_plan_entries() as applied_styles,
+                dtensor.recording_distributed_sources(tracker.expr_of) as distributed,
                 recording_attachments(reference_module) as attached,
             ):
                 module = _build_module(self.build_parallel, stage, tracker, reference_module, rank, world_size)
@@ -666,7 +673,7 @@ class CheckCapture:
         module.eval()
         if not self.check.same_code_reference:
             held = placements(module, reference_module, attached)
-        values = self._rank_values(module, tracker, reference_values, rank, world_size)
+        values = self._rank_values(module, tracker, reference_values, rank, world_size, distributed)
         return BuiltRank(module, values, applied_styles, held)
 
     def _rank_values(
@@ -676,6 +683,7 @@ class CheckCapture:
         reference_values: dict[str, Expr],
         rank: int,
         world_size: int,
+        distributed: dict[int, tuple[object, Expr]],
     ) -> dict[str, Expr]:
         values: dict[str, Expr] = {}
         buffers = list(module.named_buffers(remove_duplicate=False)) + tensor_attributes(module)
@@ -683,10 +691,14 @@ class CheckCapture:
         for name, tensor in list(module.named_parameters(remove_duplicate=False)) + buffers:
             expr = tracker.expr_of(tensor)
             exported_name = name
-            if dtensor.is_dtensor(tensor) and name in reference_values:
+            if dtensor.is_dtensor(tensor):
                 # Placements say what the local tensor is; export names it apart.
-                expr = dtensor.local_relation(tensor, reference_values[name]) or expr
                 exported_name = dtensor.exported_name(name)
+                source = distributed.get(dtensor.local_storage(tensor))
+                if source is not None:  # the global tensor distribute_tensor made it from
+                    expr = dtensor.local_relation(tensor, source[1]) or expr
+                elif name in reference_values:
+                    expr = dtensor.local_relation(tensor, reference_values[name]) or expr
             if self.check.same_code_reference and not (name in buffer_names and is_deterministic(expr)):
                 # Parameters (and loaded buffers) of the same code at world size 1, by name and shape.
                 expr = same_code_relation(expr, tuple(tensor.shape), reference_values.get(name), rank, world_size)

@@ -37,7 +37,7 @@ TRIALS = 3
 # Relations stating a class of ops (rules.py facts), and relations the encoder states about the
 # graph (how a view, permutation or expansion maps dims; which values feed an all-reduce).
 CLASS_RELATIONS = {"linear-unary", "scaling", "additive", "multiplicative", "additive-reduction", "unit-reduction"}
-FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "pmap", "emap", "ebk"}
+FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "vsqueeze", "pmap", "emap", "ebk"}
 _STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS | {"multiset-of", "multiset-insert"}
 # Casts of every dtype the capture can produce: the encoder declares the ones it sees.
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")

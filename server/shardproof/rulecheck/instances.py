@@ -1610,5 +1610,53 @@ def _unit_dim_kept(g: Gen, longer: bool) -> dict[str, Any]:
 instance_and_near_miss("reduce-unit-dim-keepdim", _unit_dim_kept)
 
 
+def _with_unit(shape: tuple[int, ...], d: int) -> str:
+    """The shape text with a size-1 dim inserted at negative position d of the longer shape."""
+    longer = list(shape)
+    longer.insert(len(shape) + 1 + d, 1)
+    return ",".join(str(n) for n in longer)
+
+
+@instance("squeeze-undoes-unsqueeze")
+def _(g: Gen) -> dict[str, Any]:
+    x = g.tensor(*_shape(g, g.int(1, 3)))
+    d = g.int(-(x.dim() + 1), -1)
+    return {"x": x, "d": d, "sh0": _with_unit(tuple(x.shape), d), "sh": ",".join(str(n) for n in x.shape)}
+
+
+@instance("local-ids-of-squeezed")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _logits_and_targets(g, tiled=True)
+    ids = bindings["I"]
+    d = g.int(-(ids.dim() + 1), -1)
+    shape = tuple(ids.shape)
+    return {
+        "I0": ids,
+        "d": d,
+        "sh0": _with_unit(shape, d),
+        "sh": ",".join(str(n) for n in shape),
+        "s": bindings["s"],
+        "e": bindings["e"],
+    }
+
+
+@instance("target-pick-is-partial-unsqueezed")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _logits_and_targets(g, tiled=True)
+    rows = tuple(bindings["I"].shape)
+    d = g.int(-(len(rows) + 1), -1)
+    unsqueezed = _with_unit(rows, d)
+    return {
+        "Z": bindings["Z"],
+        "I": bindings["I"],
+        "d2": bindings["d"],
+        "s": bindings["s"],
+        "e": bindings["e"],
+        "d": d,
+        "sh": unsqueezed,
+        "shI": unsqueezed,
+    }
+
+
 # The index-set rules' instances live with their concern; importing registers them.
 from . import index_set_instances  # noqa: E402, F401

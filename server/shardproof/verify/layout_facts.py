@@ -123,11 +123,15 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
 
 def unit_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
     """(vunit y d): view y only inserts a size-1 dim d into its source's shape (an unsqueeze, as
-    `stack` writes each of its pieces), so reducing y over d gives back the source."""
+    `stack` writes each of its pieces), so reducing y over d gives back the source; (vsqueeze y d):
+    view y only removes the size-1 dim d of its source (both d negative, in the longer shape)."""
     facts = []
     for o in range(len(out_shape)):
         if out_shape[o] == 1 and tuple(out_shape[:o]) + tuple(out_shape[o + 1 :]) == tuple(in_shape):
             facts.append(f"(vunit {name} {o - len(out_shape)})")
+    for i in range(len(in_shape)):
+        if in_shape[i] == 1 and tuple(in_shape[:i]) + tuple(in_shape[i + 1 :]) == tuple(out_shape):
+            facts.append(f"(vsqueeze {name} {i - len(in_shape)})")
     return facts
 
 

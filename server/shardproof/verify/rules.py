@@ -559,6 +559,12 @@ _rule(
     "(rule ((= Y (Red f X d 1)) (= 1 (sz X d)) (unit-reduction f)) ((union Y X)))",
 )
 _rule(
+    "squeeze-undoes-unsqueeze",
+    "layout",
+    "removing the size-1 dim a view inserted gives back the view's source",
+    "(rule ((= y (View X sh)) (= X (View x sh0)) (vunit X d) (vsqueeze y d)) ((union y x)))",
+)
+_rule(
     "softmax-other-dim",
     "attention",
     "softmax over another dim keeps a selection",
@@ -994,6 +1000,23 @@ _rule(
     "picking the local ids of targets in [s, e) from classes [s, e), zero elsewhere, is their contribution",
     "(rule ((sel Z z d (RCons s e (RNil))) (outside m I s e) (localids l I s e) (= q (Pick z l d)) "
     '(= y (Fill q m "0.0")) (= Y (Pick Z I d)) (= K (sz Z d))) ((psum Y y s e K)))',
+)
+_rule(
+    "local-ids-of-squeezed",
+    "loss",
+    "local ids are computed elementwise: squeezing the local ids of unsqueezed targets gives the local ids of "
+    "the targets",
+    "(rule ((localids l I s e) (= l2 (View l sh)) (vsqueeze l2 d) (= I (View I0 sh0)) (vunit I d)) "
+    "((localids l2 I0 s e)))",
+)
+_rule(
+    "target-pick-is-partial-unsqueezed",
+    "loss",
+    "as target-pick-is-partial, with the picks unsqueezed and zeroed by the mask of the unsqueezed targets "
+    "(DTensor's masked partial): the contribution to the unsqueezed picks",
+    "(rule ((sel Z z d2 (RCons s e (RNil))) (localids l I s e) (= q (Pick z l d2)) (= qv (View q sh)) (vunit qv d) "
+    '(= Iv (View I shI)) (vunit Iv d) (outside mv Iv s e) (= y (Fill qv mv "0.0")) (= Y (Pick Z I d2)) '
+    "(= YV (View Y sh)) (= K (sz Z d2))) ((psum YV y s e K)))",
 )
 _rule(
     "target-whole-range-pick",

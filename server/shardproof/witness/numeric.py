@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from ..capture.dtensor import global_values
 from ..capture.fake_pg import keep_excepthook
 from ..config import declared_blocks, declared_dim
 from .compare import RELATIVE_TOLERANCE, Difference, NumericComparison, compare_runs, difference, tolerance_of
@@ -123,6 +124,36 @@ def _threaded_world() -> Iterator[Any]:
         multi_threaded_pg._uninstall_threaded_pg()
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
         del world
+
+
+@contextlib.contextmanager
+def _shared_loss_parallel() -> Iterator[None]:
+    """`loss_parallel()` installs DTensor's loss handlers in a process-wide table on entry and
+    removes them on exit; with the ranks as threads of one process, the first rank out removed
+    them under the others. Counted instead: installed while any rank is inside the block."""
+    from torch.distributed.tensor.parallel import loss
+
+    enable, disable = loss._enable_custom_loss_ops, loss._disable_custom_loss_ops
+    inside = [0]
+    lock = threading.Lock()
+
+    def counted_enable() -> None:
+        with lock:
+            inside[0] += 1
+            if inside[0] == 1:
+                enable()
+
+    def counted_disable() -> None:
+        with lock:
+            inside[0] -= 1
+            if inside[0] == 0:
+                disable()
+
+    loss._enable_custom_loss_ops, loss._disable_custom_loss_ops = counted_enable, counted_disable
+    try:
+        yield
+    finally:
+        loss._enable_custom_loss_ops, loss._disable_custom_loss_ops = enable, disable
 
 
 @contextlib.contextmanager
@@ -362,7 +393,7 @@ def _one_seed(
             hook = hook_module(module, module_path, captured, f"rank{rank}")
             try:
                 with torch.no_grad():
-                    flat, _ = tree_flatten(module(*inputs))
+                    flat, _ = tree_flatten(global_values(module(*inputs)))
             except Exception as exc:  # a rank that fails where the reference runs
                 raise _FailedOn(description, exc) from exc
             finally:
@@ -478,7 +509,7 @@ def run_ranks(
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
 
-    with keep_excepthook(), _threaded_world() as store, _point_to_point(world_size):
+    with keep_excepthook(), _threaded_world() as store, _point_to_point(world_size), _shared_loss_parallel():
         threads = [
             threading.Thread(target=one_rank, args=(rank, store), name=f"shardproof-rank{rank}", daemon=True)
             for rank in range(world_size)
