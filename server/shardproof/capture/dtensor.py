@@ -305,6 +305,31 @@ def losses_as_in_eager() -> Iterator[None]:
                 handlers[op] = handler
 
 
+@contextlib.contextmanager
+def metadata_asserts_on_local_tensors() -> Iterator[None]:
+    """Export asserts a tensor's dtype and device after a conversion (`x.float()`); on a DTensor,
+    DTensor checks it against a stand-in on the mesh's device (cpu), while the capture's local
+    tensors are on meta. The assertion is about the local tensor, so it is made on that."""
+    from torch.distributed.tensor import DTensor
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    op = torch.ops.aten._assert_tensor_metadata.default
+    previous = handlers.get(op)
+
+    def on_local(op_call: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+        local = [a.to_local() if is_dtensor(a) else a for a in args]  # type: ignore[attr-defined]
+        return op_call(*local, **(kwargs or {}))
+
+    handlers[op] = on_local
+    try:
+        yield
+    finally:
+        if previous is None:
+            handlers.pop(op, None)
+        else:
+            handlers[op] = previous
+
+
 def _aten_op(name: str) -> torch._ops.OpOverload:
     packet, overload = name.split(".")
     return getattr(getattr(torch.ops.aten, packet), overload)

@@ -283,6 +283,7 @@ def _export(
                     dtensor.traceable_embeddings(),
                     dtensor.attention_by_heads(),
                     dtensor.losses_as_in_eager(),
+                    dtensor.metadata_asserts_on_local_tensors(),
                     dtensor.global_outputs(module),
                 ):
                     program = torch.export.export(module, inputs, strict=False)
