@@ -1,0 +1,1 @@
+"""The frameworks corpus: small correct parallel programs in public frameworks' patterns."""

@@ -1,0 +1,110 @@
+"""Further patterns: a fused [q; k; v] weight sharded per section into a new module (Hugging Face /
+DeepSpeed AutoTP's fused-QKV handling), a ceil-division column split with a shorter last rank
+(vLLM / Megatron's `divide` rounding up), expert parallelism with whole experts per rank
+(DeepSpeed-MoE / Megatron's expert-parallel MLP without all-to-all), and fairscale's
+ParallelEmbedding (the table split along the hidden dimension). Our own small equivalents."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from .models import EXPERTS, HEAD_DIM, causal_attention
+
+
+class SectionedQKV(nn.Module):
+    """The fused weight's q, k and v sections each sharded by rows and concatenated per rank;
+    torch.split by the local section sizes in the forward; wo row-parallel."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        q_size, kv_size = ref.n_head * HEAD_DIM, ref.n_local_heads * HEAD_DIM
+        sections = ref.wqkv.weight.split([q_size, kv_size, kv_size], dim=0)
+        self.qkv = nn.Parameter(torch.cat([section.chunk(world_size, dim=0)[rank] for section in sections]).clone())
+        self.sizes = [q_size // world_size, kv_size // world_size, kv_size // world_size]
+        self.wo = nn.Parameter(ref.wo.weight.chunk(world_size, dim=1)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = torch.split(F.linear(x, self.qkv), self.sizes, dim=-1)
+        out = F.linear(causal_attention(*(t.reshape(b, s, -1, HEAD_DIM) for t in (q, k, v))), self.wo)
+        dist.all_reduce(out)
+        return out
+
+
+def sectioned_qkv(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return SectionedQKV(ref, rank, world_size)
+
+
+class CeilColumnMLP(nn.Module):
+    """Hidden units split in blocks of ceil(ffn / world_size): every rank a full block but the
+    last, which holds what remains."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        ffn = ref.up.weight.shape[0]
+        block = -(-ffn // world_size)
+        start, end = rank * block, min((rank + 1) * block, ffn)
+        self.up_w = nn.Parameter(ref.up.weight[start:end].clone())
+        self.up_b = nn.Parameter(ref.up.bias[start:end].clone())
+        self.down_w = nn.Parameter(ref.down.weight[:, start:end].clone())
+        self.down_b = nn.Parameter(ref.down.bias.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(F.gelu(F.linear(x, self.up_w, self.up_b)), self.down_w)
+        dist.all_reduce(out)
+        return out + self.down_b
+
+
+def ceil_columns(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return CeilColumnMLP(ref, rank, world_size)
+
+
+class ExpertParallelMoE(nn.Module):
+    """Every rank routes all tokens with the replicated router and runs only its own experts
+    (experts [rank * E / ws, (rank + 1) * E / ws)), each output weighted by the token's gate for
+    that expert (zero when not chosen); the ranks' sums are all-reduced."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        per_rank = EXPERTS // world_size
+        self.first = rank * per_rank
+        self.router = ref.router
+        self.route = ref.route
+        self.experts = nn.ModuleList(ref.experts[self.first : self.first + per_rank])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.route(x)
+        out = torch.zeros_like(x)
+        for offset, expert in enumerate(self.experts):
+            mask = chosen == self.first + offset
+            gate = (weights * mask).sum(-1, keepdim=True)
+            out = out + gate * expert(x)
+        dist.all_reduce(out)
+        return out
+
+
+def expert_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ExpertParallelMoE(ref, rank, world_size)
+
+
+class HiddenShardedEmbedding(nn.Module):
+    """fairscale's ParallelEmbedding: each rank holds a block of the table's columns, looks every
+    id up, and the blocks are all-gathered and concatenated along the hidden dimension."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(ref.embed_tokens.weight.chunk(world_size, dim=1)[rank].clone())
+        self.world_size = world_size
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = F.embedding(ids, self.weight).contiguous()
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local)
+        return torch.cat(parts, dim=-1)
+
+
+def hidden_sharded_embedding(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return HiddenShardedEmbedding(ref, rank, world_size)

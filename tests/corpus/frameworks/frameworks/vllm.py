@@ -1,0 +1,179 @@
+"""vLLM and SGLang tensor-parallel layers (model_executor/layers/linear.py, vocab_parallel_embedding.py,
+logits_processor.py and SGLang's equivalents): our own small equivalents, each rank's weights filled
+the way their weight loaders fill them (a zero parameter of the local shape, shards narrowed and
+copied in), nothing copied from their code."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from .models import HEAD_DIM, HEADS, HIDDEN, ODD_VOCAB, VOCAB, causal_attention
+
+
+def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """vLLM's helper: an in-place sum over the tensor-parallel group, returning the tensor."""
+    dist.all_reduce(x)
+    return x
+
+
+def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """vLLM's GroupCoordinator.all_gather: the ranks' tensors gathered along the first dimension
+    (all_gather_into_tensor), viewed with a leading world dimension, that moved next to `dim` and
+    merged into it."""
+    world_size = dist.get_world_size()
+    dim = dim % x.dim()
+    gathered = torch.empty((world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(gathered, x.contiguous())
+    stacked = gathered.reshape(world_size, *x.shape).movedim(0, dim)
+    return stacked.reshape(*x.shape[:dim], world_size * x.shape[dim], *x.shape[dim + 1 :])
+
+
+def _load_rows(param: torch.Tensor, offset: int, loaded: torch.Tensor, shard: int, size: int) -> None:
+    """A weight loader's copy: `size` rows of the checkpoint tensor, block `shard`, into the
+    parameter at row `offset`."""
+    with torch.no_grad():
+        param.narrow(0, offset, size).copy_(loaded.narrow(0, shard * size, size))
+
+
+class MergedColumnSwiGLU(nn.Module):
+    """MergedColumnParallelLinear for gate_up_proj (each rank holds [gate shard; up shard]),
+    SiluAndMul on the two halves, then RowParallelLinear (down_proj) with reduce_results."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        ffn = ref.gate_proj.weight.shape[0] // world_size
+        self.gate_up_proj = nn.Parameter(torch.zeros(2 * ffn, HIDDEN))
+        for index, loaded in enumerate((ref.gate_proj.weight, ref.up_proj.weight)):  # loaded_shard_id 0, 1
+            _load_rows(self.gate_up_proj, index * ffn, loaded, rank, ffn)
+        self.down_proj = nn.Parameter(ref.down_proj.weight.tensor_split(world_size, dim=1)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = F.linear(x, self.gate_up_proj)
+        half = gate_up.shape[-1] // 2
+        hidden = F.silu(gate_up[..., :half]) * gate_up[..., half:]
+        return tensor_model_parallel_all_reduce(F.linear(hidden, self.down_proj))
+
+
+def merged_column(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return MergedColumnSwiGLU(ref, rank, world_size)
+
+
+class QKVParallelAttention(nn.Module):
+    """QKVParallelLinear: rank r's fused weight is [q heads of r; its kv head(s); the same for v].
+    With fewer kv heads than ranks each kv head is replicated on world_size / n_kv ranks (rank r
+    holds kv head r // replicas); o_proj is a RowParallelLinear."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int, loader: bool) -> None:
+        super().__init__()
+        total_kv = ref.k_proj.weight.shape[0] // HEAD_DIM
+        replicas = max(1, world_size // total_kv)
+        self.q_size = HEADS // world_size * HEAD_DIM
+        self.kv_size = max(1, total_kv // world_size) * HEAD_DIM
+        kv_shard = rank // replicas
+        if loader:  # the weight loader: narrow the fused parameter per shard id and copy
+            self.qkv = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size, HIDDEN))
+            _load_rows(self.qkv, 0, ref.q_proj.weight, rank, self.q_size)
+            _load_rows(self.qkv, self.q_size, ref.k_proj.weight, kv_shard, self.kv_size)
+            _load_rows(self.qkv, self.q_size + self.kv_size, ref.v_proj.weight, kv_shard, self.kv_size)
+        else:
+            q = ref.q_proj.weight[rank * self.q_size : (rank + 1) * self.q_size]
+            rows = slice(kv_shard * self.kv_size, (kv_shard + 1) * self.kv_size)
+            k, v = ref.k_proj.weight[rows], ref.v_proj.weight[rows]
+            self.qkv = nn.Parameter(torch.cat([q, k, v]).clone())
+        self.o_proj = nn.Parameter(ref.o_proj.weight.chunk(world_size, dim=1)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = F.linear(x, self.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        out = causal_attention(*(t.view(b, s, -1, HEAD_DIM) for t in (q, k, v)))
+        return tensor_model_parallel_all_reduce(F.linear(out, self.o_proj))
+
+
+def qkv_replicated_kv(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return QKVParallelAttention(ref, rank, world_size, loader=False)
+
+
+def qkv_loader(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return QKVParallelAttention(ref, rank, world_size, loader=True)
+
+
+class ParallelLMHeadGather(nn.Module):
+    """ParallelLMHead + LogitsProcessor: the vocabulary padded up to a multiple of 4 * world_size
+    (the padding rows zero), each rank the logits of its block, all-gathered along the vocabulary
+    and the padding cut off (`logits[..., :org_vocab_size]`)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        multiple = 4 * world_size
+        padded = -(-ODD_VOCAB // multiple) * multiple
+        block = padded // world_size
+        start, end = rank * block, min((rank + 1) * block, ODD_VOCAB)
+        weight = torch.zeros(block, HIDDEN)
+        weight[: max(0, end - start)] = ref.lm_head.weight[start:end]
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = tensor_model_parallel_all_gather(F.linear(x, self.weight), dim=-1)
+        return logits[..., :ODD_VOCAB]
+
+
+def lm_head_gather(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ParallelLMHeadGather(ref, rank, world_size)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """VocabParallelEmbedding without padding: the ids masked arithmetically (`mask * (ids -
+    start * mask)`), the local lookup, rows of ids outside the shard zeroed in place, the all-reduce."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        block = VOCAB // world_size
+        self.start, self.end = rank * block, (rank + 1) * block
+        self.weight = nn.Parameter(ref.embed_tokens.weight[self.start : self.end].clone())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        vocab_mask = (ids >= self.start) & (ids < self.end)
+        masked = vocab_mask * (ids - self.start * vocab_mask)
+        out = F.embedding(masked, self.weight)
+        out.masked_fill_(~vocab_mask.unsqueeze(-1), 0)
+        return tensor_model_parallel_all_reduce(out)
+
+
+def vocab_embedding(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return VocabParallelEmbedding(ref, rank, world_size)
+
+
+class ParallelResidualReduceOnce(nn.Module):
+    """SGLang's Falcon / GPT-J layer: o_proj and down_proj are RowParallelLinear with
+    reduce_results=False, their partial sums are added and all-reduced once, then the bias of
+    down_proj and the residual."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.norm = ref.norm
+        attn, mlp = ref.attn, ref.mlp
+        self.qkv = nn.ModuleList(nn.Linear(HIDDEN, HIDDEN // world_size, bias=False) for _ in range(3))
+        with torch.no_grad():
+            for local, full in zip(self.qkv, (attn.q_proj, attn.k_proj, attn.v_proj), strict=True):
+                local.weight.copy_(full.weight.chunk(world_size, dim=0)[rank])
+        self.o_proj = nn.Parameter(attn.o_proj.weight.chunk(world_size, dim=1)[rank].clone())
+        self.up_w = nn.Parameter(mlp.up.weight.chunk(world_size, dim=0)[rank].clone())
+        self.up_b = nn.Parameter(mlp.up.bias.chunk(world_size, dim=0)[rank].clone())
+        self.down_w = nn.Parameter(mlp.down.weight.chunk(world_size, dim=1)[rank].clone())
+        self.down_b = nn.Parameter(mlp.down.bias.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = self.norm(x)
+        q, k, v = (proj(h).view(b, s, -1, HEAD_DIM) for proj in self.qkv)
+        attn_partial = F.linear(causal_attention(q, k, v), self.o_proj)
+        mlp_partial = F.linear(F.gelu(F.linear(h, self.up_w, self.up_b)), self.down_w)
+        out = tensor_model_parallel_all_reduce(attn_partial + mlp_partial)
+        return x + out + self.down_b
+
+
+def parallel_residual(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ParallelResidualReduceOnce(ref, rank, world_size)
