@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..errors import UserCodeError
 from ..graph.model import Collective, Graph, Node, Placeholder, SourceSite, TensorMeta
 from ..relations.expr import norm_dim
 from . import decompose
@@ -321,7 +322,19 @@ class _Builder:
                 self.graph.placeholders.append(Placeholder(fx.name, kind, target, meta))
                 self.metas[fx.name] = meta
             elif fx.op == "call_function":
-                self.convert(fx)
+                try:
+                    self.convert(fx)
+                except Exception as exc:
+                    if "DataDependent" not in type(exc).__name__:
+                        raise
+                    # a size the graph only knows as a symbol read from tensor data
+                    site = _site_of(fx)
+                    raise UserCodeError(
+                        "this line produces a value whose size depends on the data (token counts as split "
+                        "sizes, nonzero, boolean-mask indexing); shardproof captures with static shapes only: "
+                        f"use a fixed capacity ({type(exc).__name__})",
+                        site.innermost if site is not None else None,
+                    ) from exc
             elif fx.op == "output":
                 outs = fx.args[0]
                 for out in outs if isinstance(outs, list | tuple) else [outs]:

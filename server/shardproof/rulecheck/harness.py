@@ -378,6 +378,9 @@ class Instance:
             partial, lookup, mask, _start, _end = args
             keep = ~mask.bool()
             return partial.shape == lookup.shape and same(partial[keep], lookup[keep])
+        if name == "vshape":  # a front-end fact: the value's shape, as the view's shape text writes it
+            tensor, text = args
+            return ",".join(str(n) for n in tensor.shape) == text
         if name == "ascending":
             selected = meaning.indices(args[0])
             return bool(selected) and meaning.ascending(selected)

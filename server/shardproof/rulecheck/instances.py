@@ -1658,5 +1658,11 @@ def _(g: Gen) -> dict[str, Any]:
     }
 
 
+@instance("view-back-to-source")
+def _(g: Gen) -> dict[str, Any]:
+    x = g.tensor(2, 3, 4)
+    return {"x": x, "s1": g.pick(("6,4", "2,12", "24", "4,3,2")), "s2": "2,3,4"}
+
+
 # The index-set rules' instances live with their concern; importing registers them.
 from . import index_set_instances  # noqa: E402, F401

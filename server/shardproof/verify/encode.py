@@ -181,6 +181,7 @@ class Encoder:
     def _view(self, src: str, src_shape: tuple[int, ...], meta: TensorMeta) -> str:
         name = self.let(self._fresh("view"), f"(View {src} {_q(_shape_text(meta.shape))})", meta)
         self.commands.extend(view_facts(name, src_shape, meta.shape))
+        self.commands.append(f"(vshape {src} {_q(_shape_text(src_shape))})")
         return name
 
     def _permute(self, src: str, perm: list[int], meta: TensorMeta) -> str:
@@ -248,6 +249,7 @@ class Encoder:
         elif op == "view":
             self.let(name, f"(View {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             self.commands.extend(view_facts(name, self.meta_of[ins[0]].shape, meta.shape))
+            self.commands.append(f"(vshape {ins[0]} {_q(_shape_text(self.meta_of[ins[0]].shape))})")
             for source, dim, times in self._repeat_patterns(graph, node) if own_inputs else ():
                 # The chain is repeat_interleave: state the identity so the repeat rules apply.
                 self.commands.append(f"(union {name} (Rep {self.term(graph, source)} {dim} {times}))")

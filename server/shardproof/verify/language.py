@@ -124,6 +124,7 @@ DECLARATIONS = r"""
 (relation vmerge (T i64 i64 i64 String))
 (relation vunit (T i64))
 (relation vsqueeze (T i64))
+(relation vshape (T String))
 (relation pmap (T i64 i64))
 (relation emap (T i64 String))
 (relation ebk (T i64 String))

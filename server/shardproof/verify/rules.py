@@ -559,6 +559,13 @@ _rule(
     "(rule ((= Y (Red f X d 1)) (= 1 (sz X d)) (unit-reduction f)) ((union Y X)))",
 )
 _rule(
+    "view-back-to-source",
+    "layout",
+    "viewing a view of x back to x's own shape gives x (a partial sum viewed flat for its all-reduce, then "
+    "viewed back)",
+    "(rule ((= y (View X s2)) (= X (View x s1)) (vshape x s2)) ((union y x)))",
+)
+_rule(
     "squeeze-undoes-unsqueeze",
     "layout",
     "removing the size-1 dim a view inserted gives back the view's source",
