@@ -67,6 +67,7 @@ MUTANTS = [
     ("view-merge-inner-selection", "(RTile R h m)", "(RTile R n m)"),  # tiles by the rank's inner size
     ("row-parallel-linear-over-index-set", "((psumi Y y R K))", "((psumi Y y (RCons s1 e1 (RNil)) K))"),
     ("range-ascending-cons", "(<= e s2)", "(<= s s2)"),  # overlapping ranges called ascending
+    ("regroup-selected-sum-right", '(union y (Bin "add" a (Bin "add" c b)))', '(union y (Bin "add" a c))'),
     ("target-pick-is-partial-unsqueezed", "(outside mv Iv s e)", "(outside mv Iv 0 e)"),  # others' targets kept
 ]
 

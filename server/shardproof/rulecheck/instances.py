@@ -1664,5 +1664,18 @@ def _(g: Gen) -> dict[str, Any]:
     return {"x": x, "s1": g.pick(("6,4", "2,12", "24", "4,3,2")), "s2": "2,3,4"}
 
 
+@instance("regroup-selected-sum-right", "regroup-selected-sum-left")
+def _(g: Gen) -> dict[str, Any]:
+    """Two reference values X and C of one shape, both selected alike, and a term b broadcast along
+    the selected dim (size 1 there, or only the dims right of it), as every rank holds it whole."""
+    bindings = _selected(g)
+    X, d = bindings.pop("X"), bindings["d"]
+    shape = list(X.shape)
+    shape[d] = 1
+    if g.int(0, 1):
+        shape = shape[d + 1 :] if d < -1 else []
+    return bindings | {"X": X, "C": g.tensor(*X.shape), "b": g.tensor(*shape)}
+
+
 # The index-set rules' instances live with their concern; importing registers them.
 from . import index_set_instances  # noqa: E402, F401

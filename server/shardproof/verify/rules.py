@@ -421,6 +421,21 @@ _rule(
     "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (sel A a d R) (sel B b d R)) ((sel Y y d R)))",
 )
 _rule(
+    "regroup-selected-sum-right",
+    "elementwise",
+    "(a + c) + b = a + (c + b): a rank adding two selections and then a replicated term, where the reference "
+    "groups the last two (a residual, then a bias added after the reduce-scatter)",
+    '(rule ((= y (Bin "add" ac b)) (= ac (Bin "add" a c)) (sel X a d R) (sel C c d R) (= Y (Bin "add" X Cb)) '
+    '(= Cb (Bin "add" C b))) ((union y (Bin "add" a (Bin "add" c b)))))',
+)
+_rule(
+    "regroup-selected-sum-left",
+    "elementwise",
+    "a + (c + b) = (a + c) + b: as regroup-selected-sum-right, the groupings exchanged",
+    '(rule ((= y (Bin "add" a cb)) (= cb (Bin "add" c b)) (sel X a d R) (sel C c d R) (= Y (Bin "add" XC b)) '
+    '(= XC (Bin "add" X C))) ((union y (Bin "add" (Bin "add" a c) b))))',
+)
+_rule(
     "binary-left-selected-right-broadcast",
     "elementwise",
     "f(A, B)[R] = f(A[R], B) when B is broadcast along the dim",
