@@ -1,6 +1,6 @@
 """Correct parallel programs in the patterns of public frameworks (vLLM, SGLang, Megatron-LM,
-nanotron, picotron, torchtitan, gpt-fast; frameworks/frameworks/*.py): shardproof may prove them or
-say it cannot, never call them wrong."""
+nanotron, picotron, torchtitan, gpt-fast; frameworks/frameworks/*.py): shardproof proves every one
+but the known gaps below, which it reports `unproven` (never a discrepancy)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,16 @@ NAMES = [check["name"] for check in checks(CORPUS)]
 # to blame): a gap in the report, not in the verdict, kept visible here until the localizer
 # points at the first rank value that lacks a relation.
 WITHOUT_SITE = {"megatron-parallel-attention": "the scores of baddbmm over merged batch * local heads have no site"}
+
+# Programs the relation algebra cannot prove yet, each with what it lacks. A program that becomes
+# verified fails its test until it is taken off this list, so the list only shrinks.
+KNOWN_GAPS = {
+    "vllm-lm-head-gather": "a shard padded with zero rows; the gather laid out by reshape and movedim",
+    "sglang-parallel-residual": "two partial sums added before one all-reduce where the reference adds each "
+    "to the residual: associativity across the residual chain",
+    "megatron-parallel-attention": "attention scores over a merged batch * local-heads dim from baddbmm",
+    "expert-parallel": "an all-reduce of per-rank sums over disjoint groups of a chain of terms",
+}
 
 _RESULTS: dict[str, object] = {}
 
@@ -54,11 +64,12 @@ def test_the_recorded_ground_truth_still_holds(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_correct_program_is_verified_or_unproven_never_a_discrepancy(name: str, sandbox) -> None:
+def test_a_correct_program_is_verified_or_a_known_gap_never_a_discrepancy(name: str, sandbox) -> None:
     result = _verified(name, sandbox)
     assert result.error is None, result.error
     for outcome in result.results:
-        assert outcome.verdict in ("verified", "unproven", "inconclusive"), (name, outcome.world_size, outcome.summary)
+        expected = ("unproven", "inconclusive") if name in KNOWN_GAPS else ("verified",)
+        assert outcome.verdict in expected, (name, outcome.world_size, outcome.summary)
         assert not outcome.discrepancies
         if outcome.verdict == "unproven":
             (finding,) = outcome.unproven

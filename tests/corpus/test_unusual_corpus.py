@@ -1,10 +1,9 @@
 """Correct parallel programs written outside the rules' comfort zone (public frameworks' patterns,
-unusual/parallel.py): shardproof may prove them or say it cannot, never call them wrong."""
+unusual/parallel.py): shardproof proves every one."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from ground_truth import CORPUS, RECORD, checks, run
@@ -35,18 +34,10 @@ def test_the_recorded_ground_truth_still_holds(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_correct_program_is_verified_or_unproven_never_a_discrepancy(name: str, sandbox) -> None:
+def test_a_correct_program_is_verified(name: str, sandbox) -> None:
     project = load_project(CORPUS)
     result = verify_check(project.check(name), project, None, sandbox)
     assert result.error is None, result.error
     for outcome in result.results:
-        assert outcome.verdict in ("verified", "unproven", "inconclusive"), (name, outcome.world_size, outcome.summary)
-        assert not outcome.discrepancies
-        if outcome.verdict == "unproven":
-            (finding,) = outcome.unproven
-            assert finding.primary is not None and Path(finding.primary.file).is_relative_to(CORPUS), finding.primary
-            assert finding.witness["status"] == "agree", finding.witness
-            assert finding.message.startswith("not proven:") and "the numbers agree on" in finding.message
-        if outcome.verdict == "inconclusive":
-            (why,) = outcome.inconclusive
-            assert why.op and why.site is not None, why  # names the operation and where
+        assert outcome.verdict == "verified", (name, outcome.world_size, outcome.summary)
+        assert not outcome.discrepancies and not outcome.unproven

@@ -68,6 +68,7 @@ MUTANTS = [
     ("row-parallel-linear-over-index-set", "((psumi Y y R K))", "((psumi Y y (RCons s1 e1 (RNil)) K))"),
     ("range-ascending-cons", "(<= e s2)", "(<= s s2)"),  # overlapping ranges called ascending
     ("regroup-selected-sum-right", '(union y (Bin "add" a (Bin "add" c b)))', '(union y (Bin "add" a c))'),
+    ("arithmetic-local-ids", "(localids l I s e)", "(localids l I 0 e)"),  # ids not re-based to the shard
     ("target-pick-is-partial-unsqueezed", "(outside mv Iv s e)", "(outside mv Iv 0 e)"),  # others' targets kept
 ]
 

@@ -36,7 +36,15 @@ TRIALS = 3
 
 # Relations stating a class of ops (rules.py facts), and relations the encoder states about the
 # graph (how a view, permutation or expansion maps dims; which values feed an all-reduce).
-CLASS_RELATIONS = {"linear-unary", "scaling", "additive", "multiplicative", "additive-reduction", "unit-reduction"}
+CLASS_RELATIONS = {
+    "linear-unary",
+    "scaling",
+    "additive",
+    "multiplicative",
+    "additive-reduction",
+    "unit-reduction",
+    "negation",
+}
 FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "vsqueeze", "pmap", "emap", "ebk"}
 _STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS | {"multiset-of", "multiset-insert"}
 # Casts of every dtype the capture can produce: the encoder declares the ones it sees.
@@ -371,6 +379,9 @@ class Instance:
         if name == "outside":
             mask, ids, start, end = args
             return same(mask, meaning.outside(ids, start, end))
+        if name == "inside":
+            mask, ids, start, end = args
+            return same(mask, ~meaning.outside(ids, start, end))
         if name == "localids":
             local, ids, start, end = args
             return same(local, torch.where(meaning.outside(ids, start, end), 0, ids - start))
@@ -508,13 +519,14 @@ def _define_partial_lookup(gen: Gen, _partial: Any, lookup: Any, mask: Any, star
 
 # Relations that define the rank value they relate (the argument at this position) when a premise
 # names it for the first time: a premise `(sel W w -2 R)` makes w the selection R of W.
-_DEFINED_ARGUMENT = {"sel": 1, "selp": 1, "selw": 1, "frac": 1, "outside": 0, "localids": 0, "embpart": 0}
+_DEFINED_ARGUMENT = {"sel": 1, "selp": 1, "selw": 1, "frac": 1, "outside": 0, "inside": 0, "localids": 0, "embpart": 0}
 _DEFINE: dict[str, Callable[..., Any]] = {
     "sel": lambda gen, big, _, dim, ranges: meaning.select(big, dim, ranges),
     "selp": lambda gen, big, _, dim, ranges: meaning.select(big, dim, ranges),
     "selw": _define_window,
     "frac": lambda gen, big, _, p, q: big * p / q,
     "outside": lambda gen, _, ids, start, end: meaning.outside(ids, start, end),
+    "inside": lambda gen, _, ids, start, end: ~meaning.outside(ids, start, end),
     "localids": lambda gen, _, ids, start, end: torch.where(meaning.outside(ids, start, end), 0, ids - start),
     "embpart": _define_partial_lookup,
 }

@@ -1677,5 +1677,27 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"X": X, "C": g.tensor(*X.shape), "b": g.tensor(*shape)}
 
 
+@instance("vocab-inside-mask", "vocab-inside-mask-swapped", "arithmetic-local-ids")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _vocab(g)
+    return {"I": bindings["I"], "s": bindings["s"], "e": bindings["e"]}
+
+
+def _negated_inside(g: Gen, not_negation: bool) -> dict[str, Any]:
+    """The inside mask of a vocabulary shard and an op on it (a near miss: `isfinite`, true everywhere)."""
+    bindings = _vocab(g)
+    f = "isfinite" if not_negation else g.pick(_members("negation"))
+    return {"I": bindings["I"], "s": bindings["s"], "e": bindings["e"], "f": f}
+
+
+instance_and_near_miss("not-inside-is-outside", _negated_inside)
+
+
+@instance("negation-of-viewed-mask")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _negated_inside(g, False)
+    return bindings | {"sh": g.text((*bindings["I"].shape, 1))}
+
+
 # The index-set rules' instances live with their concern; importing registers them.
 from . import index_set_instances  # noqa: E402, F401

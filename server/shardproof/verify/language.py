@@ -23,6 +23,7 @@ Relations (Datalog facts, all existence-guarded by the rules that derive them):
   (pmax X x s e K)       x is the max over reduced indices [s, e) of K of what X is the max of:
                           the max of such contributions over a tiling of [0, K) is X
   (outside m ids s e)    m == (ids < s) | (ids >= e)           (vocab-parallel masks)
+  (inside m ids s e)     m == (ids >= s) & (ids < e)
   (localids l ids s e)   l == where(m, 0, ids - s) for such an m
   (embpart y0 Y m s e)   y0 == embedding of the ids in [s, e) of Y, garbage where m is set
   (arin x)               x feeds an all-reduce (sum, max or min)
@@ -116,6 +117,7 @@ DECLARATIONS = r"""
 (relation coverb (T T TSet i64 i64 i64))
 (relation maxcover (T TSet i64 i64))
 (relation outside (T T i64 i64))
+(relation inside (T T i64 i64))
 (relation localids (T T i64 i64))
 (relation embpart (T T T i64 i64))
 

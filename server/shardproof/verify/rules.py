@@ -747,6 +747,38 @@ _rule(
 )
 
 _rule(
+    "vocab-inside-mask",
+    "embedding",
+    "(ids >= s) & (ids < e) marks the ids inside [s, e) (vLLM's vocabulary mask)",
+    '(rule ((= m (Bin "and" (ScI "ge" I s) (ScI "lt" I e)))) ((inside m I s e)))',
+)
+_rule(
+    "vocab-inside-mask-swapped",
+    "embedding",
+    "(ids < e) & (ids >= s) marks the ids inside [s, e)",
+    '(rule ((= m (Bin "and" (ScI "lt" I e) (ScI "ge" I s)))) ((inside m I s e)))',
+)
+_rule(
+    "not-inside-is-outside",
+    "embedding",
+    "the negation of the inside mask marks the ids outside [s, e)",
+    "(rule ((inside m I s e) (= n (Un f m)) (negation f)) ((outside n I s e)))",
+)
+_rule(
+    "negation-of-viewed-mask",
+    "embedding",
+    "an elementwise op on a view of a mask (its negation) is the view of the op on the mask",
+    "(rule ((= n (Un f u)) (= u (View m sh)) (inside m I s e) (= k (nd m))) "
+    "((union n (View (Un f m) sh)) (set (nd (Un f m)) k)))",
+)
+_rule(
+    "arithmetic-local-ids",
+    "embedding",
+    "mask * (ids - s * mask) with the inside mask of [s, e) is ids - s inside and 0 outside: the local ids "
+    "(vLLM's get_masked_input_and_mask)",
+    '(rule ((inside m I s e) (= l (Bin "mul" m (Bin "sub" I (ScI "mul" m s))))) ((localids l I s e)))',
+)
+_rule(
     "local-lookup-reads-its-rows",
     "embedding",
     "local ids of [s, e) are in [0, e - s): a lookup in a longer table (a vocabulary shard padded to a "
@@ -1060,6 +1092,8 @@ _FACTS = r"""
 (relation multiplicative (String))
 (relation additive-reduction (String))
 (relation unit-reduction (String))
+(relation negation (String))
+(negation "bitwise_not") (negation "logical_not")
 (linear-unary "neg")
 (scaling "mul") (scaling "div") (scaling "rmul")
 (additive "add") (additive "sub")
