@@ -21,7 +21,7 @@ NAMES = [check["name"] for check in checks(CORPUS)]
 # Unproven findings whose report names no line of the program (the localizer finds no rank value
 # to blame): a gap in the report, not in the verdict, kept visible here until the localizer
 # points at the first rank value that lacks a relation.
-WITHOUT_SITE = {"megatron-parallel-attention": "the scores of baddbmm over merged batch * local heads have no site"}
+WITHOUT_SITE: dict[str, str] = {}
 
 # Programs the relation algebra cannot prove yet, each with what it lacks. A program that becomes
 # verified fails its test until it is taken off this list, so the list only shrinks.
@@ -29,7 +29,6 @@ KNOWN_GAPS = {
     "vllm-lm-head-gather": "a shard padded with zero rows; the gather laid out by reshape and movedim",
     "sglang-parallel-residual": "two partial sums added before one all-reduce where the reference adds each "
     "to the residual: associativity across the residual chain",
-    "megatron-parallel-attention": "attention scores over a merged batch * local-heads dim from baddbmm",
     "expert-parallel": "an all-reduce of per-rank sums over disjoint groups of a chain of terms",
 }
 

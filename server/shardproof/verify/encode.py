@@ -630,6 +630,12 @@ def _mismatch(
 def scalar_term(fn: str, operand: str, value: Any) -> str:
     if isinstance(value, bool):
         value = int(value)
+    if fn in ("mul", "div") and isinstance(value, float) and math.isfinite(value) and value != 0:
+        exact = Fraction(value)
+        if exact.numerator == 1 and exact.denominator > 1:
+            # times 1/n is division by n, and division by 1/n is times n: exactly so when the float
+            # is exactly 1/n (a power of two), e.g. baddbmm's alpha 0.5 and a division by 2.0
+            fn, value = ("div" if fn == "mul" else "mul"), exact.denominator
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         value = int(value)
     if isinstance(value, int):
