@@ -27,8 +27,6 @@ WITHOUT_SITE: dict[str, str] = {}
 # verified fails its test until it is taken off this list, so the list only shrinks.
 KNOWN_GAPS = {
     "vllm-lm-head-gather": "a shard padded with zero rows; the gather laid out by reshape and movedim",
-    "sglang-parallel-residual": "two partial sums added before one all-reduce where the reference adds each "
-    "to the residual: associativity across the residual chain",
     "expert-parallel": "an all-reduce of per-rank sums over disjoint groups of a chain of terms",
 }
 

@@ -1699,5 +1699,20 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"sh": g.text((*bindings["I"].shape, 1))}
 
 
+@instance("regroup-partials-out-of-residual", "regroup-partials-out-of-residual-with-term")
+def _(g: Gen) -> dict[str, Any]:
+    """Two reductions A and L with this rank's contributions, a residual X and a term b."""
+    bindings = _two_partials(g, proportional=True)
+    A = bindings.pop("A")
+    return bindings | {
+        "A": A,
+        "a": bindings.pop("a"),
+        "L": bindings.pop("B"),
+        "l": bindings.pop("b"),
+        "X": g.tensor(*A.shape),
+        "b": g.tensor(*A.shape),
+    }
+
+
 # The index-set rules' instances live with their concern; importing registers them.
 from . import index_set_instances  # noqa: E402, F401

@@ -842,6 +842,22 @@ _rule(
     "(= (* s K2) (* s2 K)) (= (* e K2) (* e2 K))) ((psum Y y s e K)))",
 )
 _rule(
+    "regroup-partials-out-of-residual",
+    "partial",
+    "(X + A) + L = X + (A + L), where a rank adds its partial sums of A and L before one all-reduce (SGLang's "
+    "parallel attention and MLP, reduce_results=False)",
+    '(rule ((= y (Bin "add" a l)) (psum A a s e K) (psum L l s2 e2 K2) (= Y (Bin "add" XA L)) '
+    '(= XA (Bin "add" X A))) ((union Y (Bin "add" X (Bin "add" A L)))))',
+)
+_rule(
+    "regroup-partials-out-of-residual-with-term",
+    "partial",
+    "(X + A) + (L + b) = (X + (A + L)) + b: as regroup-partials-out-of-residual, with a bias added after the "
+    "all-reduce",
+    '(rule ((= y (Bin "add" a l)) (psum A a s e K) (psum L l s2 e2 K2) (= Y (Bin "add" XA M)) '
+    '(= XA (Bin "add" X A)) (= M (Bin "add" L b))) ((union Y (Bin "add" (Bin "add" X (Bin "add" A L)) b))))',
+)
+_rule(
     "partial-adjacent",
     "partial",
     "the contributions of adjacent index ranges add up to the contribution of their union "
