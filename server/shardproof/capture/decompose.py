@@ -14,6 +14,9 @@ when it stays in ATen: the table's references written in prims
 (torch's lowest level, which the normalizer does not read) and random operations (whose values no
 proof can relate) keep the call opaque.
 
+Ops that torch defines by other ATen ops (CompositeImplicitAutograd, such as `movedim`) and that the
+table lacks are written out as their own implementation, what eager mode runs.
+
 Our own decompositions, for what the table writes only in prims: `var` and `var_mean` (the table's
 are `prims.var`), as the mean of squared deviations (with the correction), which is what they compute.
 """
@@ -69,7 +72,25 @@ def decomposition_of(target: Any) -> Callable[..., Any] | None:
     core = core_aten_decompositions()
     if target in core:
         return core[target]
-    return decomposition_table.get(target)
+    table = decomposition_table.get(target)
+    if table is not None:
+        return table
+    if _is_composite(target):
+        # an op defined by other ATen ops (`movedim` by `permute`): its own implementation, which
+        # is what eager mode runs
+        return functools.partial(_run_composite, target)
+    return None
+
+
+def _is_composite(target: Any) -> bool:
+    name = getattr(target, "name", None)
+    if not callable(name):
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
+def _run_composite(target: Any, *args: Any, **kwargs: Any) -> Any:
+    return target.decompose(*args, **kwargs)
 
 
 def _namespace(target: Any) -> str:
