@@ -99,7 +99,9 @@ def run(check: dict, world_size: int, corpus: Path = CORPUS) -> float:
         store, out = os.path.join(scratch, "store"), os.path.join(scratch, "out")
         os.mkdir(out)
         args = (world_size, check, store, out, corpus)
-        mp.start_processes(_rank, args=args, nprocs=world_size, start_method="fork")
+        # spawned, not forked: a process that already ran torch (a test session, its verifier
+        # threads) can hold a thread-pool lock at fork, and its forked ranks then wait forever
+        mp.start_processes(_rank, args=args, nprocs=world_size, start_method="spawn")
         return max(json.loads(Path(out, f"{r}.json").read_text())["max_rel"] for r in range(world_size))
 
 
