@@ -20,13 +20,12 @@ two ranges or more.
 
 from __future__ import annotations
 
-from .rules import Rule
+from .rules import Rule, registrar
 
 INDEX_SET_RULES: list[Rule] = []
 
 
-def _rule(name: str, family: str, meaning: str, text: str) -> None:
-    INDEX_SET_RULES.append(Rule(name, family, text, meaning))
+_rule = registrar(INDEX_SET_RULES)
 
 
 # Two ranges or more: a one-range list is a contiguous block, which `psum` handles.

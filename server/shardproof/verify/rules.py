@@ -9,6 +9,7 @@ algebra. Side conditions are exact integer conditions on shapes and ranges, neve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 RULE_LIBRARY_VERSION = "15"
@@ -52,8 +53,16 @@ SATURATED_FAMILIES = ("ranges", "shapes")
 _RULES: list[Rule] = []
 
 
-def _rule(name: str, family: str, meaning: str, text: str) -> None:
-    _RULES.append(Rule(name, family, text, meaning))
+def registrar(into: list[Rule]) -> Callable[[str, str, str, str], None]:
+    """`_rule(name, family, meaning, text)` for a module of rules: each call adds one to `into`."""
+
+    def register(name: str, family: str, meaning: str, text: str) -> None:
+        into.append(Rule(name, family, text, meaning))
+
+    return register
+
+
+_rule = registrar(_RULES)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,13 +4,12 @@ what a range list means)."""
 
 from __future__ import annotations
 
-from .rules import Rule
+from .rules import Rule, registrar
 
 RANGE_RULES: list[Rule] = []
 
 
-def _rule(name: str, family: str, meaning: str, text: str) -> None:
-    RANGE_RULES.append(Rule(name, family, text, meaning))
+_rule = registrar(RANGE_RULES)
 
 
 # ---------------------------------------------------------------------------------------------

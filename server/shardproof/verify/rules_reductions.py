@@ -4,13 +4,12 @@ partial sums, shares and the covers of an all-reduce (`partial`) and vocabulary-
 
 from __future__ import annotations
 
-from .rules import Rule
+from .rules import Rule, registrar
 
 REDUCTION_RULES: list[Rule] = []
 
 
-def _rule(name: str, family: str, meaning: str, text: str) -> None:
-    REDUCTION_RULES.append(Rule(name, family, text, meaning))
+_rule = registrar(REDUCTION_RULES)
 
 
 # ---------------------------------------------------------------------------------------------
