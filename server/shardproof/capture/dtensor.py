@@ -284,25 +284,18 @@ def losses_as_in_eager() -> Iterator[None]:
     block has exited: so the loss handlers that block installs stay installed until the capture
     ends (DTensor's default for a class-sharded log_softmax, an all-gather, computes the same
     values; only the collectives differ)."""
-    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss
 
-    handlers = DTensor._op_dispatcher._custom_op_handlers
-    ops = [_aten_op(name) for name in _COMPOSITE_LOSS_OPS] + list(loss.customized_loss_ops)
-    previous = {op: handlers.get(op) for op in ops}
-    for op in ops[: len(_COMPOSITE_LOSS_OPS)]:
-        handlers[op] = _decomposed
-    disable = loss._disable_custom_loss_ops
-    loss._disable_custom_loss_ops = lambda: None
-    try:
-        yield
-    finally:
-        loss._disable_custom_loss_ops = disable
-        for op, handler in previous.items():
-            if handler is None:
-                handlers.pop(op, None)
-            else:
-                handlers[op] = handler
+    composite = [_aten_op(name) for name in _COMPOSITE_LOSS_OPS]
+    with _handlers_restored(composite + list(loss.customized_loss_ops)) as handlers:
+        for op in composite:
+            handlers[op] = _decomposed
+        disable = loss._disable_custom_loss_ops
+        loss._disable_custom_loss_ops = lambda: None
+        try:
+            yield
+        finally:
+            loss._disable_custom_loss_ops = disable
 
 
 @contextlib.contextmanager
@@ -310,24 +303,34 @@ def metadata_asserts_on_local_tensors() -> Iterator[None]:
     """Export asserts a tensor's dtype and device after a conversion (`x.float()`); on a DTensor,
     DTensor checks it against a stand-in on the mesh's device (cpu), while the capture's local
     tensors are on meta. The assertion is about the local tensor, so it is made on that."""
-    from torch.distributed.tensor import DTensor
 
-    handlers = DTensor._op_dispatcher._custom_op_handlers
     op = torch.ops.aten._assert_tensor_metadata.default
-    previous = handlers.get(op)
 
     def on_local(op_call: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
         local = [a.to_local() if is_dtensor(a) else a for a in args]  # type: ignore[attr-defined]
         return op_call(*local, **(kwargs or {}))
 
-    handlers[op] = on_local
-    try:
+    with _handlers_restored([op]) as handlers:
+        handlers[op] = on_local
         yield
+
+
+@contextlib.contextmanager
+def _handlers_restored(ops: list[torch._ops.OpOverload]) -> Iterator[dict[object, object]]:
+    """DTensor's process-wide table of custom op handlers, with the entries of `ops` put back as
+    they were when the context ends (whoever changed them inside it)."""
+    from torch.distributed.tensor import DTensor
+
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    previous = {op: handlers.get(op) for op in ops}
+    try:
+        yield handlers
     finally:
-        if previous is None:
-            handlers.pop(op, None)
-        else:
-            handlers[op] = previous
+        for op, handler in previous.items():
+            if handler is None:
+                handlers.pop(op, None)
+            else:
+                handlers[op] = handler
 
 
 def _aten_op(name: str) -> torch._ops.OpOverload:
