@@ -46,6 +46,9 @@ EQUIVALENT_ATEN = {
 }
 # Ops where a placement law is meaningless or never wanted: randomness, in-place scratch.
 _SKIP_WORDS = ("rand", "dropout", "bernoulli", "empty", "uninitialized")
+# Our own ops stand for a memoized block in a skeleton (capture/blocks.py): no computation to ask
+# DTensor about, and one call per layer, each named by its instance (so no answer is shared).
+_OWN_NAMESPACE = "shardproof::"
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,8 @@ def call_of(node: Node, metas: list[TensorMeta]) -> Call | None:
     """The torch call an opaque node records, or None when it cannot be replayed exactly."""
     target = str(node.attrs.get("target", ""))
     if node.attrs.get("index", 0) != 0 or any(word in target for word in _SKIP_WORDS):
+        return None
+    if target.startswith(_OWN_NAMESPACE):
         return None
     op = resolve_op(target)
     if op is None:

@@ -69,6 +69,13 @@ class Exchange:
         return {}
 
     @cached_property
+    def readings(self) -> dict[tuple, list]:
+        """(receiver, source level, the movement after it by structure) -> its readings (memo).
+        Every member of an all-gather receives the same value, so there the receiver is left out
+        and the ranks' identical movement after it is evaluated once."""
+        return {}
+
+    @cached_property
     def sources(self) -> dict[int, list[Source]]:
         """Per member, its exchanged input and each value it is computed from by data movement
         alone, nearest first (the same for every receiver and every movement after the exchange)."""
@@ -154,6 +161,28 @@ def fold(exchange: Exchange, receiver: int, after: list[Node]) -> list[tuple[lis
 
 
 def _fold_from(exchange, receiver, after, sources, level, torch):  # type: ignore[no-untyped-def]
+    key = (None if exchange.kind == "all_gather" else receiver, level, _structure(exchange.calls[receiver], after))
+    if key not in exchange.readings:
+        exchange.readings[key] = _fold_from_uncached(exchange, receiver, after, sources, level, torch)
+    return exchange.readings[key]
+
+
+def _structure(call: Node, after: list[Node]) -> tuple:
+    """The movement after an exchange up to node names: each node's op, attributes, shape and
+    inputs (by position in the chain, the exchange's output first)."""
+    position = {call.id: 0} | {node.id: i + 1 for i, node in enumerate(after)}
+    return tuple(
+        (
+            node.op,
+            repr(sorted(node.attrs.items())),
+            node.meta.shape,
+            tuple(position.get(v, v) for v in node.inputs),
+        )
+        for node in after
+    )
+
+
+def _fold_from_uncached(exchange, receiver, after, sources, level, torch):  # type: ignore[no-untyped-def]
     calls, group = exchange.calls, exchange.group
     shapes = {r: sources[r].shape for r in group}
     if any(math.prod(shape) > _MAX_ELEMENTS for shape in shapes.values()):
@@ -170,8 +199,10 @@ def _fold_from(exchange, receiver, after, sources, level, torch):  # type: ignor
     if result.numel() == 0:
         return []  # an empty slice of the received value holds nothing to relate
     readings = []
+    owners = (result // base).to(torch.int16 if len(group) < 2**15 else torch.int64)  # once for every dim
     for dim in range(result.dim()):
-        pieces = _pieces_along(result, dim, group, {r: sources[r].value for r in group}, shapes, base, torch)
+        values = {r: sources[r].value for r in group}
+        pieces = _pieces_along(result, owners, dim, group, values, shapes, base, torch)
         if pieces is not None:
             readings.append((pieces, dim - result.dim()))
     return readings
@@ -200,9 +231,9 @@ def _received(exchange, receiver, sources, shapes, base, torch):  # type: ignore
     return received.reshape(calls[receiver].meta.shape)
 
 
-def _pieces_along(result, dim, group, sources, shapes, base, torch):  # type: ignore[no-untyped-def]
-    moved = result.movedim(dim, 0)
-    owners = (moved // base).reshape(moved.shape[0], -1)
+def _pieces_along(result, owners, dim, group, sources, shapes, base, torch):  # type: ignore[no-untyped-def]
+    """The blocks along `dim` of `result` (tagged positions; `owners` its members' indices)."""
+    owners = owners.movedim(dim, 0).reshape(owners.shape[dim], -1)
     if owners.shape[1] == 0 or not bool((owners == owners[:, :1]).all()):
         return None
     runs: list[tuple[int, int, int]] = []  # (owner index, start, end) along dim
