@@ -210,6 +210,19 @@ def _scalar_literal(value: torch.fx.Node) -> Any:
     return None
 
 
+def _all_zeros(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a factory call makes a tensor of zeros (a sum's start: `out = zeros_like(x)`)."""
+    if name in ("zeros", "zeros_like"):
+        return True
+    if name in ("full", "full_like"):
+        value = args[1] if len(args) > 1 else kwargs.get("fill_value")
+    elif name == "scalar_tensor":
+        value = args[0] if args else kwargs.get("s")
+    else:
+        return False
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+
+
 def _literal(value: Any) -> Any:
     """JSON-able rendering of a non-tensor argument."""
     if isinstance(value, torch.dtype):
@@ -391,14 +404,16 @@ class _Builder:
             self.collective(fx, name, args, meta)
             return
         if name in _DETERMINISTIC_FACTORIES and not any(isinstance(a, torch.fx.Node) for a in args):
-            self.constant(fx, (name, _literal(args), _literal(kwargs), meta), f"{name}{_literal(args)}", meta)
+            zero = {"zero": True} if _all_zeros(name, args, kwargs) else {}
+            self.constant(fx, (name, _literal(args), _literal(kwargs), meta), f"{name}{_literal(args)}", meta, **zero)
             return
         if name in _SHAPED_LIKE_FACTORIES and all(not isinstance(a, torch.fx.Node) for a in args[1:]):
             # ones_like(x) reads only x's shape and dtype: the same constant wherever the shape is
             # the same (a backward seed, `ones_like(loss)`, on every rank, whatever the loss);
             # `like` names the value whose shape it takes (a seed's loss, for the localizer)
             key = (name, _literal(args[1:]), _literal(kwargs), meta)
-            self.constant(fx, key, f"{name}{_literal(args[1:])}", meta, like=self.value(args[0]))
+            zero = {"zero": True} if _all_zeros(name, args, kwargs) else {}
+            self.constant(fx, key, f"{name}{_literal(args[1:])}", meta, like=self.value(args[0]), **zero)
             return
         if name in _UNINITIALISED_FACTORIES:
             self.add(fx, "uninitialized", [], {}, meta)

@@ -24,6 +24,7 @@ from .language import quoted as _q
 from .layout_facts import broadcast_facts, expand_facts, permute_facts, view_facts
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
+from .sum_forms import SumForms
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -75,6 +76,7 @@ class Encoder:
         self.factor_out = False
         self.scaled: dict[tuple[str, str], tuple[str, Fraction]] = {}
         self._collective_factors: dict[tuple[str, str], Fraction] = {}
+        self.sums = SumForms()  # chains of additions as multisets of their terms (sum_forms.py)
 
     # -- term plumbing ------------------------------------------------------------------------------
     def _name(self, graph: str, value_id: str) -> str:
@@ -269,6 +271,8 @@ class Encoder:
             self.let(name, scalar_term(a["fn"], ins[0], a["value"]), meta)
         elif op == "binary":
             self.let(name, f"(Bin {_q(a['fn'])} {ins[0]} {ins[1]})", meta)
+            if a["fn"] == "add" and own_inputs and not self.factor_out and all(i in self.meta_of for i in ins):
+                self.sums.note_addition(name, ins, [self.meta_of[i] for i in ins], meta)
         elif op == "where":
             self.let(name, f"(Where {ins[0]} {ins[1]} {ins[2]})", meta)
         elif op == "fill":
@@ -298,6 +302,8 @@ class Encoder:
                 self.let(name, f"(Sdpa {ins[0]} {ins[1]} {ins[2]} {attrs})", meta)
         elif op == "constant":
             self.let(name, f"(Const {_q(a['digest'])})", meta)
+            if a.get("zero"):
+                self.sums.add_zero(name)
         elif op == "uninitialized":
             self.let(name, f"(Leaf {_q(graph.name + '/' + node.id)})", meta)
         else:
@@ -454,6 +460,8 @@ class Encoder:
                 for t in inputs:
                     self.commands.append(f"(arin {t})")
                 total = f"(SumN {collection})"
+                if not self.factor_out:  # (the sums' terms are not known as unscaled cores)
+                    self.commands.extend(self.sums.total_facts(total, inputs))
                 return total if op == "sum" else f'(ScI "div" {total} {len(group)})'
             if op not in ("max", "min"):
                 return f"(Leaf {_q('unsupported reduction ' + op)})"
@@ -471,7 +479,10 @@ class Encoder:
             nd = len(out_meta.shape)
             chunk = out_meta.shape[0]
             index = group.index(rank)
-            return f"(Slice (SumN (multiset-of {' '.join(inputs)})) {-nd} {index * chunk} {(index + 1) * chunk})"
+            total = f"(SumN (multiset-of {' '.join(inputs)}))"
+            if not self.factor_out:
+                self.commands.extend(self.sums.total_facts(total, inputs))
+            return f"(Slice {total} {-nd} {index * chunk} {(index + 1) * chunk})"
         if coll.kind in ("broadcast", "p2p"):
             # the source's value (a p2p send's own result is its token: the value it sent)
             assert coll.src is not None
@@ -567,6 +578,7 @@ class Encoder:
         from .rules import casts_are_linear
 
         self.commands.append(casts_are_linear(self.dtypes))
+        self.commands.extend(self.sums.chain_facts())
         factors = {key: factor for key, (_, factor) in self.scaled.items()}
         return EncodedUnit(self.commands, self.term_of, self.issues, len(self.meta_of), factors)
 

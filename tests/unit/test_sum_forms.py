@@ -1,0 +1,104 @@
+"""Sums as multisets of their terms (verify/sum_forms.py): every equality stated holds on
+concrete tensors, and only additions that are sums of their operands as written are opened."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from shardproof.graph.model import TensorMeta
+from shardproof.verify.sum_forms import SumForms
+
+SHAPE = (2, 3)
+
+
+def _meta(shape=SHAPE, dtype="float64") -> TensorMeta:
+    return TensorMeta(shape, dtype)
+
+
+class Program:
+    """Terms with concrete values, recorded in a SumForms as an encoder records them."""
+
+    def __init__(self) -> None:
+        self.forms = SumForms()
+        self.values: dict[str, torch.Tensor] = {}
+        self.generator = torch.Generator().manual_seed(0)
+
+    def leaf(self, name: str, shape=SHAPE) -> str:
+        self.values[name] = torch.randn(shape, generator=self.generator, dtype=torch.float64)
+        return name
+
+    def zeros(self, name: str) -> str:
+        self.values[name] = torch.zeros(SHAPE, dtype=torch.float64)
+        self.forms.add_zero(name)
+        return name
+
+    def add(self, name: str, a: str, b: str) -> str:
+        self.values[name] = self.values[a] + self.values[b]
+        metas = [_meta(tuple(self.values[x].shape)) for x in (a, b)]
+        self.forms.note_addition(name, [a, b], metas, _meta(tuple(self.values[name].shape)))
+        return name
+
+    def holds(self, fact: str) -> bool:
+        match = re.fullmatch(r"\(union (\S+) (?:\(SumN \(multiset-of ([^)]*)\)\)|(\S+))\)", fact)
+        assert match is not None, fact
+        term, parts, single = match.groups()
+        value = self.values[term]
+        total = sum(self.values[p] for p in (parts.split() if parts else [single]))
+        return torch.allclose(value, total)
+
+
+def test_a_chain_started_from_zeros_is_the_sum_of_its_terms() -> None:
+    p = Program()
+    out = p.add("$s1", p.zeros("$z"), p.leaf("$a"))
+    out = p.add("$s2", out, p.leaf("$b"))
+    out = p.add("$s3", out, p.leaf("$c"))
+    facts = p.forms.chain_facts()
+    assert facts == ["(union $s3 (SumN (multiset-of $a $b $c)))"]  # one fact, for the maximal chain
+    assert all(p.holds(f) for f in facts)
+
+
+def test_grouping_and_order_do_not_matter() -> None:
+    p = Program()
+    left = p.add("$l", p.add("$ab", p.leaf("$a"), p.leaf("$b")), p.leaf("$c"))
+    right = p.add("$r", p.leaf("$c2"), p.add("$ba", "$b", "$a"))
+    assert sorted(p.forms.terms[left]) == ["$a", "$b", "$c"]
+    assert sorted(p.forms.terms[right]) == ["$a", "$b", "$c2"]
+    assert all(p.holds(f) for f in p.forms.chain_facts())
+
+
+def test_adding_zeros_is_the_other_operand() -> None:
+    p = Program()
+    p.add("$s", p.zeros("$z"), p.leaf("$a"))
+    assert p.forms.chain_facts() == ["(union $s $a)"]
+
+
+def test_a_plain_addition_says_nothing_new() -> None:
+    p = Program()
+    p.add("$s", p.leaf("$a"), p.leaf("$b"))
+    assert p.forms.chain_facts() == []
+
+
+def test_broadcasting_and_promotion_are_not_opened() -> None:
+    p = Program()
+    bias = p.leaf("$bias", shape=(3,))
+    inner = p.add("$inner", p.leaf("$a"), p.leaf("$b"))
+    p.add("$biased", inner, bias)  # broadcast: not a sum of same-shape terms
+    assert "$biased" not in p.forms.terms
+    forms = SumForms()
+    forms.note_addition("$y", ["$i", "$f"], [_meta(dtype="int64"), _meta()], _meta())
+    forms.note_addition("$m", ["$p", "$q"], [_meta(dtype="bool"), _meta(dtype="bool")], _meta(dtype="bool"))
+    assert forms.terms == {}
+
+
+def test_an_all_reduce_of_partial_chains_is_the_sum_of_all_their_terms() -> None:
+    p = Program()
+    rank0 = p.add("$r0b", p.add("$r0a", p.zeros("$z0"), p.leaf("$t0")), p.leaf("$t1"))
+    rank1 = p.add("$r1b", p.add("$r1a", p.zeros("$z1"), p.leaf("$t2")), p.leaf("$t3"))
+    total = f"(SumN (multiset-of {rank0} {rank1}))"
+    (fact,) = p.forms.total_facts(total, [rank0, rank1])
+    assert fact == f"(union {total} (SumN (multiset-of $t0 $t1 $t2 $t3)))"
+    reduced = p.values[rank0] + p.values[rank1]
+    assert torch.allclose(reduced, sum(p.values[t] for t in ("$t0", "$t1", "$t2", "$t3")))
+    assert p.forms.total_facts("(SumN (multiset-of $t0 $t1))", ["$t0", "$t1"]) == []  # nothing opened
