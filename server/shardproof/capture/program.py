@@ -34,7 +34,8 @@ from .blocks import tensor_attributes
 from .fake_pg import fake_rank, group_ranks
 from .forked import map_ranks
 from .frames import exact_stack_traces
-from .normalize import dtype_name, to_graph
+from .lowering_tables import dtype_name
+from .normalize import to_graph
 from .placement import placements, recording_attachments
 from .provenance import ProvenanceTracker
 from .remap import extended_collective_remaps, sends_as_outputs

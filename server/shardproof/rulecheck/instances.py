@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..capture.normalize import _BINARY, _UNARY
+from ..capture.lowering_tables import _BINARY, _UNARY
 from .harness import Gen, Recipe, class_facts
 from .meaning import indices, range_list
 

@@ -1,0 +1,205 @@
+"""Indexing: embedding lookups, masked_fill / where, index_put, gather (a target's entry), index,
+one_hot, and cross entropy written out in the numerically stable form a vocabulary-parallel loss
+computes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..graph.model import TensorMeta
+from ..relations.expr import norm_dim
+from .lowering_tables import _is_arange, _literal, _meta_of, _scalar_literal
+
+
+class IndexingLowering:
+    """Lowerings of the normalizer (`normalize._Builder`), by the op they handle (`op_<name>`)."""
+
+    def op_embedding(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        padding_idx = args[2] if len(args) > 2 else kwargs.get("padding_idx", -1)
+        self.add(fx, "embedding", [self.value(args[0]), self.value(args[1])], {"padding_idx": padding_idx}, meta)
+        return True
+
+    def op_masked_fill(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        x, mask, value = args[0], args[1], args[2]
+        if isinstance(value, torch.fx.Node):
+            self.add(fx, "where", [self.value(mask), self.value(value), self.value(x)], {}, meta)
+        else:
+            self.add(fx, "fill", [self.value(x), self.value(mask)], {"value": _literal(value)}, meta)
+        return True
+
+    def op_where(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        if len(args) < 3:
+            return False
+        cond, a, b = args[0], args[1], args[2]
+        # masked_fill decomposed to core aten: where(mask, scalar_tensor(value), x)
+        literal = _scalar_literal(a) if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) else None
+        if literal is not None:
+            self.add(fx, "fill", [self.value(b), self.value(cond)], {"value": literal}, meta)
+        elif isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
+            self.add(fx, "where", [self.value(cond), self.value(a), self.value(b)], {}, meta)
+        elif isinstance(b, torch.fx.Node):
+            self.add(fx, "fill", [self.value(b), self.value(cond)], {"value": _literal(a)}, meta)
+        else:
+            return False
+        return True
+
+    def op_index_put(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        x, indices, value = args[0], args[1], args[2]
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        if accumulate or len(indices) != 1 or not isinstance(indices[0], torch.fx.Node):
+            return False
+        mask = indices[0]
+        mask_meta = _meta_of(mask.meta.get("val"))
+        value_meta = _meta_of(value.meta.get("val")) if isinstance(value, torch.fx.Node) else None
+        if mask_meta is None or mask_meta.dtype != "bool" or value_meta is None or value_meta.shape != ():
+            return False
+        # x[mask] = scalar_tensor: a fill where the mask broadcasts over the trailing dims.
+        mask_id = self.value(mask)
+        if mask_meta.ndim < meta.ndim:
+            shape = list(mask_meta.shape) + [1] * (meta.ndim - mask_meta.ndim)
+            mask_id = self.add(
+                fx, "view", [mask_id], {"shape": shape}, TensorMeta(tuple(shape), "bool"), suffix=".mask"
+            )
+        literal = _scalar_literal(value)
+        if literal is not None:
+            self.add(fx, "fill", [self.value(x), mask_id], {"value": literal}, meta)
+        else:
+            self.add(fx, "where", [mask_id, self.value(value), self.value(x)], {}, meta)
+        return True
+
+    def op_gather(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """x.gather(d, i) with one index per row (i.unsqueeze(d)): the picked entries, viewed with
+        the unit dim (a squeeze after it gives the pick itself)."""
+        source, index = self.value(args[0]), self.value(args[2])
+        src_meta, index_meta = self.meta(source), self.meta(index)
+        dim = norm_dim(args[1], src_meta.ndim)
+        if index_meta.ndim != src_meta.ndim or index_meta.shape[dim] != 1:
+            return False
+        rows = tuple(size for i, size in enumerate(src_meta.shape) if i != src_meta.ndim + dim)
+        if tuple(size for i, size in enumerate(index_meta.shape) if i != index_meta.ndim + dim) != rows:
+            return False
+        unsqueezed = self.view_nodes.get(index)  # i.unsqueeze(d): the pick's index is i itself
+        if unsqueezed is not None and self.meta(unsqueezed).shape == rows:
+            index = unsqueezed
+        else:
+            index = self.view(fx, index, TensorMeta(rows, index_meta.dtype), suffix=".index")
+        picked = self.add(fx, "pick", [source, index], {"dim": dim}, TensorMeta(rows, meta.dtype), suffix=".pick")
+        self.picks_viewed.add(self.view(fx, picked, meta))
+        return True
+
+    def op_index(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """x[arange(N), i] on a [N, C] x (fairscale's and Megatron's predicted logits): the pick of
+        row n's entry i[n]."""
+        indices = args[1]
+        if not isinstance(indices, list | tuple) or len(indices) != 2:
+            return False
+        rows, index = indices
+        source = self.value(args[0])
+        src_meta = self.meta(source)
+        if src_meta.ndim != 2 or not isinstance(index, torch.fx.Node) or not _is_arange(rows, src_meta.shape[0]):
+            return False
+        index_id = self.value(index)
+        if self.meta(index_id).shape != (src_meta.shape[0],):
+            return False
+        unflat = self._unflattened(source, index_id)
+        if unflat is None:
+            self.add(fx, "pick", [source, index_id], {"dim": -1}, meta)
+            return True
+        # picked from logits flattened to [N, C] by targets flattened to [N]: the pick of the
+        # unflattened ones, flattened (viewed back to the targets' shape, it is that pick)
+        source, index_id = unflat
+        rows = TensorMeta(self.meta(index_id).shape, meta.dtype)
+        picked = self.add(fx, "pick", [source, index_id], {"dim": -1}, rows, suffix=".pick")
+        self.picks_viewed.add(self.view(fx, picked, meta))
+        return True
+
+    def _unflattened(self, logits: str, targets: str) -> tuple[str, str] | None:
+        """(x, t) when logits = x.view(-1, C) and targets = t.view(-1) with t of x's leading shape."""
+        unflat_logits, unflat_targets = self.view_nodes.get(logits), self.view_nodes.get(targets)
+        if unflat_logits is None or unflat_targets is None or self.meta(logits).ndim != 2:
+            return None
+        shape, target_shape = self.meta(unflat_logits).shape, self.meta(unflat_targets).shape
+        if not shape or shape[-1] != self.meta(logits).shape[-1] or target_shape != shape[:-1]:
+            return None
+        return unflat_logits, unflat_targets
+
+    def op_cross_entropy_loss(
+        self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta
+    ) -> bool:
+        """cross_entropy(x, t) with class indices, written out as a vocabulary-parallel loss
+        computes it: m = max(x), z = x - m, s = sum(exp(z)), loss = log(s) - z[t]; with label
+        smoothing e, (1 - e) * loss + e * (log(s) - sum(z) / C). The same function (for any m
+        constant along the classes) in the form whose pieces a parallel program computes on its
+        vocabulary shard. Targets are taken to be class indices in [0, C), as token ids are for
+        an embedding: the ignore index (-100) is none of them. Logits and targets flattened
+        for the loss (`x.view(-1, C)`, `t.view(-1)`) are taken as they were, and the per-token
+        loss flattened after."""
+
+        def arg(i: int, name: str, default: Any) -> Any:
+            return args[i] if len(args) > i else kwargs.get(name, default)
+
+        weight, reduction = arg(2, "weight", None), arg(3, "reduction", 1)
+        smoothing = float(arg(5, "label_smoothing", 0.0))
+        logits, targets = self.value(args[0]), self.value(args[1])
+        logits_meta, targets_meta = self.meta(logits), self.meta(targets)
+        if weight is not None or reduction not in (0, 1, 2) or targets_meta.dtype not in ("int64", "int32"):
+            return False
+        if logits_meta.ndim < 1 or targets_meta.ndim != logits_meta.ndim - 1:
+            return False
+        class_dim = 1 - logits_meta.ndim if logits_meta.ndim > 1 else -1
+        flattened: tuple[int, ...] | None = None
+        unflat = self._unflattened(logits, targets)
+        if unflat is not None:
+            flattened = targets_meta.shape
+            logits, targets = unflat
+            logits_meta, targets_meta = self.meta(logits), self.meta(targets)
+            class_dim = -1
+        dtype = logits_meta.dtype
+        classes = logits_meta.shape[class_dim]
+        rows = TensorMeta(targets_meta.shape, dtype)
+        kept_shape = list(logits_meta.shape)
+        kept_shape[class_dim] = 1
+        kept = TensorMeta(tuple(kept_shape), dtype)
+
+        def step(op: str, inputs: list[str], attrs: dict[str, Any], step_meta: TensorMeta, name: str) -> str:
+            return self.add(fx, op, inputs, attrs, step_meta, suffix=f".{name}")
+
+        largest = step("reduce", [logits], {"fn": "amax", "dim": class_dim, "keepdim": False}, rows, "max")
+        largest = self.view(fx, largest, kept, suffix=".max_kept")
+        shifted = step("binary", [logits, largest], {"fn": "sub"}, logits_meta, "shifted")
+        exps = step("unary", [shifted], {"fn": "exp"}, logits_meta, "exp")
+        total = step("reduce", [exps], {"fn": "sum", "dim": class_dim, "keepdim": False}, rows, "sum_exp")
+        log_total = step("unary", [total], {"fn": "log"}, rows, "log_sum_exp")
+        picked = step("pick", [shifted, targets], {"dim": class_dim}, rows, "target")
+        loss = step("binary", [log_total, picked], {"fn": "sub"}, rows, "nll")
+        if smoothing:
+            summed = step("reduce", [shifted], {"fn": "sum", "dim": class_dim, "keepdim": False}, rows, "sum")
+            mean = step("scalar", [summed], {"fn": "div", "value": classes}, rows, "mean")
+            uniform = step("binary", [log_total, mean], {"fn": "sub"}, rows, "smooth")
+            kept_loss = step("scalar", [loss], {"fn": "mul", "value": 1.0 - smoothing}, rows, "nll_share")
+            smooth = step("scalar", [uniform], {"fn": "mul", "value": smoothing}, rows, "smooth_share")
+            loss = step("binary", [kept_loss, smooth], {"fn": "add"}, rows, "smoothed")
+        if flattened is not None:
+            loss = self.view(fx, loss, TensorMeta(flattened, dtype), suffix=".flat")
+        if reduction == 0:
+            self.alias[fx.name] = loss
+        else:  # the mean or sum over every token, as `loss.mean()` / `loss.sum()` is read
+            every = list(range(-self.meta(loss).ndim, 0))
+            self._reduce(fx, loss, "mean" if reduction == 1 else "sum", every, False, meta)
+        return True
+
+    def op_one_hot(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """one_hot(x, n) is unsqueeze(x, -1) == arange(n), as int64: elementwise in x."""
+        source = self.value(args[0])
+        classes = meta.shape[-1]
+        src_meta = self.meta(source)
+        column = self.view(fx, source, TensorMeta((*src_meta.shape, 1), src_meta.dtype), suffix=".column")
+        arange = self.constant(
+            fx, ("arange", classes, "int64"), f"arange({classes})", TensorMeta((classes,), "int64"), suffix=".classes"
+        )
+        hit = self.add(fx, "binary", [column, arange], {"fn": "eq"}, TensorMeta(meta.shape, "bool"), suffix=".eq")
+        self.add(fx, "unary", [hit], {"fn": "cast_" + meta.dtype}, meta)
+        return True
