@@ -15,7 +15,7 @@ from dataclasses import replace
 from ..graph.model import Graph
 from ..results import Discrepancy
 from ..verify.relations_found import RelationIndex
-from .diagnose import _describe_op
+from .wording import describe_op
 
 # Kinds that a proof shows without numbers: ranks whose collective calls cannot pair up.
 SHOWN_BY_PROOF = ("collective-mismatch",)
@@ -38,7 +38,7 @@ def as_unproven(finding: Discrepancy, reference: Graph, index: RelationIndex | N
     what was shown, and what to do about it."""
     nodes = reference.node_map()
     node = nodes.get(finding.reference_node)
-    what = f"the reference's {_describe_op(node)}" if node is not None else "an output of the reference"
+    what = f"the reference's {describe_op(node)}" if node is not None else "an output of the reference"
     where = f" ({finding.reference.short()})" if finding.reference is not None else ""
     on = ", ".join(str(r) for r in (finding.ranks or ranks))
     parts = [f"not proven: {what}{where} has no proven counterpart on rank{'s' if ',' in on else ''} {on}"]

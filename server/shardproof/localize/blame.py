@@ -1,0 +1,236 @@
+"""Walking back from a wrong rank value to the line that introduced it: through the rank's graph,
+into parameter provenance (the slice taken per rank), or to the line that handed a value on."""
+
+from __future__ import annotations
+
+from ..graph.model import Frame, Node
+from ..relations import expr as px
+from ..results import Site
+from .sites import Line, line_of, pick_frame, to_site
+from .wording import describe_op
+
+
+class Blame:
+    """Mixed into `Context` (context.py): `self` is the localizer's context."""
+
+    def blame(self, rank: int, value: str, depth: int = 0) -> tuple[Site | None, str]:
+        """Walk back from a wrong rank value to where its wrongness was introduced."""
+        if depth > 40:
+            return None, "depth"
+        if value in self.rank_placeholders[rank]:
+            return self.provenance_blame(rank, value)
+        node = self.rank_node(rank, value)
+        if node is None:
+            return None, "unknown"
+        if node.op == "generic" and not self._followed(node):
+            return self.rank_site(node), f"unsupported:{describe_op(node)}"
+        if node.op in ("slice", "cat", "view", "permute", "expand") and self._varies_across_ranks(rank, node):
+            return self.rank_site(node, "this slice differs between ranks"), "rank-dependent-slice"
+        unrelated_inputs = [
+            v for v in node.inputs if not self.is_related(rank, v) and not self._is_constant_like(rank, v)
+        ]
+        if unrelated_inputs:
+            producer = self.rank_node(rank, unrelated_inputs[0])
+            if producer is not None and producer.collective is not None and producer.collective.kind == "all_gather":
+                # A gathered buffer (the ranks' pieces stacked along dim 0) is rarely a value the
+                # reference has; what this op makes of it is where a wrong regrouping happens.
+                return self.rank_site(node), "after-gather"
+            return self.blame(rank, unrelated_inputs[0], depth + 1)
+        if self._scatters_selection(rank, node):
+            # Contiguous pieces joined into a scattered selection (tiled instead of interleaved
+            # heads): related, but in a layout the reference never has. Formed here.
+            return self.rank_site(node, "the pieces are joined in this order here"), "layout"
+        sharded = [v for v in node.inputs if not self._is_replicated(rank, v)]
+        if sharded:
+            return self.blame(rank, sharded[-1], depth + 1)
+        return self.rank_site(node), "node"
+
+    def _scatters_selection(self, rank: int, node: Node) -> bool:
+        """The node holds a selection of several ranges although each input is one range."""
+
+        def widest(value: str) -> int:
+            rels = [rel for rel, _ in self.index.relations_of_rank_value(rank, value) if rel.kind == "sel"]
+            return min((len(rel.ranges) for rel in rels), default=0)
+
+        if node.op != "cat" or widest(node.id) < 2:
+            return False
+        return all(widest(v) == 1 for v in node.inputs)
+
+    def _varies_across_ranks(self, rank: int, node: Node) -> bool:
+        """The same line takes a different slice on another rank (or none at all)."""
+        if node.site is None or node.site.innermost is None:
+            return False
+        key = [line_of(f) for f in node.site.frames]
+        mine = (node.op, tuple(sorted(node.attrs.items())) if node.op == "slice" else ())
+        for r, graph in enumerate(self.ev.ranks):
+            if r == rank:
+                continue
+            others = [
+                (n.op, tuple(sorted(n.attrs.items())) if n.op == "slice" else ())
+                for n in graph.nodes
+                if n.site is not None and [line_of(f) for f in n.site.frames] == key
+            ]
+            if mine not in others:
+                return True
+        return False
+
+    def provenance_site(self, rank: int, value: str) -> Site | None:
+        site, _ = self.provenance_blame(rank, value)
+        return site
+
+    def provenance_blame(self, rank: int, value: str) -> tuple[Site | None, str]:
+        placeholder = self.rank_placeholders[rank][value]
+        expr = self.ev.rank_values[rank].get(placeholder.target)
+        if expr is None:
+            return None, "provenance"
+        problems = px.problems(expr)
+        if problems:
+            leaf = problems[0]
+            return to_site(pick_frame(leaf.site, self.ref_lines)), "unrelated-parameter"
+        innocent = self._consistent_provenance_lines()
+        inconsistent = self._inconsistent_slices(placeholder.target)
+        if inconsistent is not None:
+            return to_site(pick_frame(inconsistent.site, innocent), "this slice is taken per rank"), "provenance-slice"
+        if isinstance(expr, px.CatOf):
+            return to_site(pick_frame(expr.site, innocent), "the pieces are assembled here"), "provenance-cat"
+        return to_site(pick_frame(expr.site, innocent), "this rank's value is loaded here"), "provenance"
+
+    def _inconsistent_slices(self, target: str) -> px.SliceOf | None:
+        """The first slice in a parameter's provenance whose per-rank ranges do not tile its source."""
+        per_rank: list[list[px.SliceOf]] = []
+        for values in self.ev.rank_values:
+            expr = values.get(target)
+            per_rank.append([] if expr is None else [e for e in _walk(expr) if isinstance(e, px.SliceOf)])
+        if not per_rank or any(len(s) != len(per_rank[0]) for s in per_rank):
+            return None
+        for position in range(len(per_rank[0])):
+            slices = [s[position] for s in per_rank]
+            ranges = [(s.start, s.end) for s in slices]
+            if len(set(ranges)) == 1:
+                continue  # the same slice on every rank: structure, not sharding
+            if not blocked_tiling(ranges):
+                return slices[0] if len(per_rank) == 1 else slices[-1]
+        for position in range(len(per_rank[0])):
+            slices = [s[position] for s in per_rank]
+            if len({(s.start, s.end) for s in slices}) == 1 and len(per_rank) > 1:
+                size = slices[0].source.shape[slices[0].dim]
+                if (slices[0].end - slices[0].start) * len(per_rank) == size:
+                    return slices[0]  # every rank takes the same 1/n block: nobody holds the rest
+        return None
+
+    def _consistent_provenance_lines(self) -> set[Line]:
+        """Lines that made correctly tiled slices for some parameter: helpers, innocent."""
+        lines: set[Line] = set()
+        targets = set(self.ev.rank_values[0]) if self.ev.rank_values else set()
+        for target in targets:
+            per_rank = [values.get(target) for values in self.ev.rank_values]
+            if any(e is None for e in per_rank):
+                continue
+            slices = [[e for e in _walk(expr) if isinstance(e, px.SliceOf)] for expr in per_rank if expr]
+            if any(len(s) != len(slices[0]) for s in slices):
+                continue
+            for position in range(len(slices[0])):
+                group = [s[position] for s in slices]
+                ranges = [(s.start, s.end) for s in group]
+                if len(set(ranges)) > 1 and blocked_tiling(ranges):
+                    for s in group:
+                        if s.site and s.site.innermost:
+                            lines.add(line_of(s.site.innermost))
+        return lines
+
+    def handover_frame(self, producer: Node | None, consumer: Node) -> Frame | None:
+        """The user line that passed a value from where it was computed to where it was used: the
+        deepest frame both call stacks share, or the consumer's line when both ran in one function."""
+        if producer is None or producer.site is None or consumer.site is None:
+            return None
+        made, used = producer.site.frames, consumer.site.frames
+        depth = 0
+        while depth < min(len(made), len(used)) and (made[depth].file, made[depth].line, made[depth].function) == (
+            used[depth].file,
+            used[depth].line,
+            used[depth].function,
+        ):
+            depth += 1
+        same_function = depth < min(len(made), len(used)) and (made[depth].file, made[depth].function) == (
+            used[depth].file,
+            used[depth].function,
+        )
+        chosen = used[depth] if same_function else (used[depth - 1] if depth else None)
+        if chosen is None or chosen.library is not None:
+            return None
+        return chosen
+
+    def _inconsistent_inputs(self, ref_node: Node, aligned: Node, rank: int) -> tuple[list[tuple[int, str, str]], bool]:
+        """All inputs are related, but their selections do not fit: blame the one that does not
+        tile; and whether every blamed input is a proper shard (tiles across the ranks)."""
+        scored: list[tuple[bool, int, str, str]] = []
+        for k, (ref_value, value) in enumerate(zip(ref_node.inputs, aligned.inputs, strict=False)):
+            rels = self.relations_between(ref_value, rank, value)
+            if any(rel.kind == "equal" for rel in rels):
+                continue
+            scored.append((self._tiles_across_ranks(ref_value, aligned, k), k, ref_value, value))
+        anchors = [s for s in scored if s[0]]
+        suspects = [s for s in scored if not s[0]]
+        if anchors and suspects:
+            return [(k, ref_value, value) for _, k, ref_value, value in suspects], False
+        # Every input is a proper shard but they do not combine (a sequence shard meeting a
+        # vocabulary-sharded weight): a parameter's shard is the loader's deliberate layout, so
+        # the computed input that reached the op in the wrong layout is blamed first.
+        if not scored or not all(tiles for tiles, *_ in scored):
+            return [(k, ref_value, value) for _, k, ref_value, value in scored[-1:]], False
+        computed = [s for s in scored if self.is_parameter_value(rank, s[3]) is None]
+        return [(k, ref_value, value) for _, k, ref_value, value in (computed or scored)[-1:]], True
+
+    def _tiles_across_ranks(self, ref_value: str, aligned: Node, position: int) -> bool:
+        """Do the ranks' selections of this input tile it in rank order (allowing replicated blocks)?"""
+        spans: list[tuple[int, int, int]] = []
+        for r in range(len(self.ev.ranks)):
+            counterpart = next((n for n in self.ev.ranks[r].nodes if n.id == aligned.id), None)
+            if counterpart is None or position >= len(counterpart.inputs):
+                return False
+            rels = [
+                rel
+                for rel in self.relations_between(ref_value, r, counterpart.inputs[position])
+                if rel.kind in ("sel", "psum")
+            ]
+            if not rels:
+                return False
+            rel = rels[0]
+            if rel.kind == "sel":
+                if len(rel.ranges) != 1:
+                    return False
+                spans.append((rel.dim, *rel.ranges[0]))
+            else:
+                spans.append((0, rel.start, rel.end))
+        # The blocks must cover the whole dim: every rank holding block 0 tiles nothing.
+        shape = self._shape(ref_value)
+        dims = {d for d, _, _ in spans}
+        size = shape[dims.pop()] if shape is not None and len(dims) == 1 and spans[0][0] != 0 else None
+        return blocked_tiling([(s, e) for _, s, e in spans], size)
+
+
+def blocked_tiling(ranges: list[tuple[int, int]], size: int | None = None) -> bool:
+    """Ranges in rank order tile [0, size), each block possibly repeated by consecutive ranks."""
+    blocks: list[tuple[int, int]] = []
+    counts: list[int] = []
+    for span in ranges:
+        if blocks and blocks[-1] == span:
+            counts[-1] += 1
+        else:
+            blocks.append(span)
+            counts.append(1)
+    if len(set(counts)) > 1:
+        return False
+    position = 0
+    for start, end in blocks:
+        if start != position or end <= start:
+            return False
+        position = end
+    return size is None or position == size
+
+
+def _walk(expr: px.Expr) -> list[px.Expr]:
+    out = [expr]
+    for child in px.children(expr):
+        out.extend(_walk(child))
+    return out

@@ -1,0 +1,297 @@
+"""The localizer's context: the evidence and the questions every detector asks of it (which rank
+value plays a reference value's part, what relations hold, where a node's line is)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+from typing import Any
+
+from ..graph.model import Frame, Node, SourceSite
+from ..results import Discrepancy, Site, Unsupported
+from ..verify.relations_found import Relation
+from .blame import Blame
+from .evidence import Evidence
+from .neighbourhood import Pictures
+from .sites import Line, library_site, line_of, pick_frame, reference_lines, to_site
+from .wording import _LINEAR_OPS, _SUPPORTED, _fn, describe_op
+
+
+class Context(Blame, Pictures):
+    """The evidence with its indexes (nodes, placeholders and consumers by value, per program), and
+    the queries detectors share; walking back to a culprit (`Blame`) and drawing the picture of a
+    report (`Pictures`) are mixed in from their own modules."""
+
+    def __init__(self, evidence: Evidence) -> None:
+        self.ev = evidence
+        self.index = evidence.index
+        self.reference = evidence.reference
+        self.ref_nodes = self.reference.node_map()
+        self.ref_placeholders = {p.id: p for p in self.reference.placeholders}
+        self.rank_nodes = [g.node_map() for g in evidence.ranks]
+        self.rank_placeholders = [{p.id: p for p in g.placeholders} for g in evidence.ranks]
+        self.rank_consumers = [g.consumers() for g in evidence.ranks]
+        self.topo = {n.id: i for i, n in enumerate(self.reference.nodes)}
+        self.ref_lines = reference_lines(self.reference)
+        # user line -> the library frame it called into, for every rank site shown (related info)
+        self.library_calls: dict[Line, Site] = {}
+
+    def rank_node(self, rank: int, value: str) -> Node | None:
+        return self.rank_nodes[rank].get(value)
+
+    def site_of_value(self, graph_nodes: dict[str, Node], value: str) -> SourceSite | None:
+        node = graph_nodes.get(value)
+        return node.site if node is not None else None
+
+    def ref_site(self, node: Node, note: str = "") -> Site | None:
+        frame = node.site.innermost if node.site else None
+        return to_site(frame, note)
+
+    def rank_site(self, node: Node, note: str = "", innocent: set[Line] | None = None) -> Site | None:
+        return to_site(self.rank_frame(node, innocent), note)
+
+    def rank_frame(self, node: Node, innocent: set[Line] | None = None) -> Frame | None:
+        frame = pick_frame(node.site, self.ref_lines | (innocent or set()))
+        inside = library_site(node.site, frame)
+        if frame is not None and inside is not None:
+            self.library_calls.setdefault(line_of(frame), inside)
+        return frame
+
+    def with_library_context(self, found: Discrepancy | Unsupported) -> Discrepancy | Unsupported:
+        """A report at a user line that called into a library also shows the library's line."""
+        if isinstance(found, Discrepancy) and found.primary is not None:
+            inside = self.library_calls.get((found.primary.file, found.primary.line))
+            if inside is not None and all((s.file, s.line) != (inside.file, inside.line) for s in found.related):
+                found.related.append(inside)
+        return found
+
+    def with_plan_context(self, found: Discrepancy | Unsupported) -> Discrepancy | Unsupported:
+        """A discrepancy in the output of a torch module that a DTensor plan parallelized (an
+        `nn.Linear`, `nn.Embedding`, `nn.RMSNorm`) is made in the plan: its entry becomes where
+        the fix belongs, and the line that runs the module stays as related information."""
+        if not isinstance(found, Discrepancy) or found.primary is None:
+            return found
+        graphs = {graph.name: graph for graph in self.ev.ranks}
+        for reference in found.parallel_nodes:
+            graph_name, _, node_id = reference.partition("/")
+            graph = graphs.get(graph_name)
+            node = self.rank_node(graph.rank, node_id) if graph is not None and graph.rank is not None else None
+            if node is None or not node.module_type.startswith("torch."):
+                continue
+            entry = graph.plan_entries.get(node.module_path) if graph is not None else None
+            if entry is None:
+                continue
+            runs_here = replace(found.primary, note=found.primary.note or f"`{node.module_path}` runs here")
+            found.primary = to_site(entry, f"the plan parallelizes `{node.module_path}` with {entry.function}")
+            found.related.insert(0, runs_here)
+            found.suggestion = f"{found.suggestion} (in the plan entry for `{node.module_path}`: its layouts)".lstrip()
+            return found
+        return found
+
+    def relations_between(self, ref_value: str, rank: int, value: str) -> list[Relation]:
+        return [rel for rel, values in self.index.relations(ref_value, rank) if value in values]
+
+    def is_related(self, rank: int, value: str) -> bool:
+        return bool(self.index.relations_of_rank_value(rank, value))
+
+    def ref_value_name(self, value: str) -> str:
+        """`the output of linear layers.0.attention.wo`, `layers.0.attention.wo.bias`."""
+        if value in self.ref_placeholders:
+            return self.ref_placeholders[value].target
+        node = self.ref_nodes.get(value)
+        if node is None:
+            return value
+        where = f" in {node.module_path}" if node.module_path and node.op not in ("linear", "embedding") else ""
+        return f"the output of {describe_op(node)}{where}"
+
+    def aligned(self, ref_node: Node, rank: int) -> Node | None:
+        """The rank node that plays the part of `ref_node`: same op, inputs related to its inputs."""
+        related_inputs: list[set[str]] = []
+        for value in ref_node.inputs:
+            related_inputs.append({v for _, vals in self.index.relations(value, rank) for v in vals})
+        best: tuple[int, int, int, Node] | None = None
+        by_name: Node | None = None
+        for order, node in enumerate(self.ev.ranks[rank].nodes):
+            if node.op != ref_node.op or _fn(node) != _fn(ref_node):
+                continue
+            matches = sum(1 for k, v in enumerate(node.inputs) if k < len(related_inputs) and v in related_inputs[k])
+            loose = sum(1 for v in node.inputs if any(v in s for s in related_inputs))
+            if node.id == ref_node.id:
+                by_name = node
+            candidate = (matches * 4 + loose * 2 + (node.id == ref_node.id), -order, order, node)
+            if (matches or loose) and (best is None or candidate[:2] > best[:2]):
+                best = candidate
+        if best is not None:
+            return best[3]
+        # No op of the same kind reads the related inputs: the rank computes something else from
+        # them (a reshape where the reference transposes), which plays the part.
+        if len(ref_node.inputs) == 1:
+            for node in self.ev.ranks[rank].nodes:
+                reads_related = bool(node.inputs) and any(node.inputs[0] in s for s in related_inputs)
+                if reads_related and node.op in ("view", "permute", "expand", "slice"):
+                    return node
+        return by_name
+
+    def downstream_all_reduce(
+        self, rank: int, value: str, depth: int = 8, kinds: tuple[str, ...] = ("all_reduce",)
+    ) -> Node | None:
+        """The first reduction of `kinds` that a value reaches through linear data movement."""
+        frontier = [value]
+        seen: set[str] = set()
+        for _ in range(depth):
+            next_frontier: list[str] = []
+            for v in frontier:
+                for consumer_id in self.rank_consumers[rank].get(v, []):
+                    if consumer_id in seen:
+                        continue
+                    seen.add(consumer_id)
+                    consumer = self.rank_nodes[rank][consumer_id]
+                    if consumer.op in kinds:
+                        return consumer
+                    if (
+                        consumer.op,
+                        _fn(consumer) if consumer.op in ("binary", "scalar", "unary") else None,
+                    ) in _LINEAR_OPS:
+                        next_frontier.append(consumer_id)
+            frontier = next_frontier
+        return None
+
+    def is_parameter_value(self, rank: int, value: str) -> str | None:
+        """Name of the parameter or buffer a rank value is (or is a share of), if any."""
+        placeholder = self.rank_placeholders[rank].get(value)
+        if placeholder is not None and placeholder.kind in ("parameter", "buffer"):
+            return placeholder.target
+        c = self.index.class_of(f"rank{rank}", value)
+        if c is not None:
+            for ref_value in self.index.reference_values(c):
+                ref_placeholder = self.ref_placeholders.get(ref_value)
+                if ref_placeholder is not None and ref_placeholder.kind in ("parameter", "buffer"):
+                    return ref_placeholder.target
+        node = self.rank_node(rank, value)
+        if node is not None and node.op in ("scalar", "view", "unary") and node.inputs:
+            return self.is_parameter_value(rank, node.inputs[0])
+        return None
+
+    def reduction_helper(self) -> str | None:
+        """The user's own all-reduce helper (`reduce_from_tp`), from the all-reduces that work."""
+        names: dict[str, int] = {}
+        for rank, graph in enumerate(self.ev.ranks):
+            for node in graph.nodes:
+                if node.op != "all_reduce" or node.site is None or node.site.innermost is None:
+                    continue
+                out_c = self.index.class_of(graph.name, node.id)
+                if out_c is None or not self.index.has_reference_member(out_c):
+                    continue
+                function = node.site.innermost.function
+                if function not in ("forward", "<module>") and len(node.site.frames) > 1:
+                    names[function] = names.get(function, 0) + 1
+            del rank
+        return max(names, key=lambda n: names[n]) if names else None
+
+    def _correct_collective_lines(self, rank: int) -> set[Line]:
+        """Innermost lines of all-reduces that do their job: a helper used correctly elsewhere."""
+        lines: set[Line] = set()
+        graph = self.ev.ranks[rank]
+        for node in graph.nodes:
+            if node.op != "all_reduce" or node.site is None or node.site.innermost is None:
+                continue
+            out_c = self.index.class_of(graph.name, node.id)
+            if out_c is not None and self.index.has_reference_member(out_c):
+                lines.add(line_of(node.site.innermost))
+        return lines
+
+    def _fix(self, action: str, title: str) -> dict[str, Any]:
+        """A mechanical fix, offered when the code has a reduction helper to call."""
+        helper = self.reduction_helper()
+        if helper is None:
+            return {}
+        return {"fix": {"action": action, "function": helper, "title": f"{title} ({helper})"}}
+
+    def _holdings(self, ref_value: str) -> dict[str, str]:
+        """What every rank holds of a reference value, for explanations."""
+        shape = self._shape(ref_value)
+        node = self.ref_nodes.get(ref_value)
+        reduced = "input features" if node is not None and node.op in ("linear", "matmul") else "reduced indices"
+        out: dict[str, str] = {}
+        for rank in range(len(self.ev.ranks)):
+            relations = self.index.relations(ref_value, rank)
+            if relations:
+                rel = relations[0][0]
+                out[str(rank)] = "the full value" if rel.kind == "equal" else rel.describe(shape, reduced)
+            else:
+                out[str(rank)] = "nothing related"
+        return out
+
+    def _holding(self, rel: Relation, ref_value: str) -> str:
+        shape = self._shape(ref_value)
+        name = self.ref_value_name(ref_value)
+        if rel.kind == "equal":
+            return name
+        return f"{rel.describe(shape)} of {name}"
+
+    def _shape(self, ref_value: str) -> tuple[int, ...] | None:
+        try:
+            return self.reference.meta_of(ref_value).shape
+        except KeyError:
+            return None
+
+    def _followed(self, node: Node) -> bool:
+        """Whether rules follow this opaque call (derived laws, or a rule matching it whole)."""
+        from ..verify.rules import opaque_ops
+
+        target = str(node.attrs.get("target", ""))
+        return target in self.ev.law_targets or target in opaque_ops()
+
+    def _unsupported(self, ref_node: Node, rank: int) -> Unsupported | None:
+        if ref_node.op in _SUPPORTED or (ref_node.op == "generic" and self._followed(ref_node)):
+            return None
+        nonlocal_inputs = [
+            v for v in ref_node.inputs if any(rel.kind != "equal" for rel, _ in self.index.relations(v, rank))
+        ]
+        if not nonlocal_inputs:
+            return None
+        return Unsupported(
+            reason="unsupported-op",
+            message=f"no rule relates {describe_op(ref_node)} on sharded or partial inputs; the check cannot "
+            f"follow the parallel computation past it",
+            op=describe_op(ref_node),
+            site=self.ref_site(ref_node),
+        )
+
+    def _is_replicated(self, rank: int, value: str) -> bool:
+        c = self.index.class_of(f"rank{rank}", value)
+        return c is not None and self.index.has_reference_member(c)
+
+    def _is_constant_like(self, rank: int, value: str) -> bool:
+        node = self.rank_node(rank, value)
+        return node is not None and node.op in ("constant",)
+
+    def factor(self, graph: str, value: str) -> Fraction:
+        return self.ev.factors.get((graph, value), Fraction(1))
+
+    def first_broken(self, rank: int, failing_ids: list[str]) -> str | None:
+        if self.ev.outputs_of is not None:
+            # a pipeline: earlier stages compute the reference's earlier values on other ranks
+            everywhere = range(len(self.ev.ranks))
+            unrelated = {n.id for n in self.reference.nodes if not any(self.index.related(n.id, r) for r in everywhere)}
+        else:
+            unrelated = {n.id for n in self.reference.nodes if not self.index.related(n.id, rank)}
+        harmful: set[str] = set()
+        stack = [o for o in failing_ids if o in unrelated]
+        while stack:
+            value = stack.pop()
+            if value in harmful:
+                continue
+            harmful.add(value)
+            node = self.ref_nodes.get(value)
+            if node is not None:
+                stack.extend(i for i in node.inputs if i in unrelated)
+        for node in self.reference.nodes:
+            if node.id in harmful and not any(i in harmful for i in node.inputs):
+                return node.id
+        return None
+
+    def _gradient_of(self, index: int) -> str | None:
+        roles = self.reference.gradient_roles
+        role = roles[index] if index < len(roles) else None
+        return role.parameter if role is not None else None

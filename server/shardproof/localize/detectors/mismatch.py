@@ -1,0 +1,102 @@
+"""wrong-shard / shard-order / wrong-layout / unrelated-parameter / not-equivalent at the rank
+operation that plays the broken value's part, when its inputs are unrelated or do not fit
+together; the wrong input is traced back to where it was made (blame.py). An unsupported op on
+sharded inputs is reported as such. Reads the aligned rank node's input relations."""
+
+from __future__ import annotations
+
+from ...graph.model import Node
+from ...results import Discrepancy, Unsupported
+from ..context import Context
+from ..sites import to_site
+from ..wording import describe_op
+
+
+def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupported | None:
+    aligned = ctx.aligned(ref_node, rank)
+    if aligned is None:
+        return None
+    wrong: list[tuple[int, str, str]] = []
+    for k, (ref_value, value) in enumerate(zip(ref_node.inputs, aligned.inputs, strict=False)):
+        if not ctx.relations_between(ref_value, rank, value):
+            wrong.append((k, ref_value, value))
+    proper_shards = False
+    if not wrong:
+        unsupported = ctx._unsupported(ref_node, rank)
+        if unsupported is not None:
+            return unsupported
+        wrong, proper_shards = ctx._inconsistent_inputs(ref_node, aligned, rank)
+    if not wrong:
+        return None
+    k, ref_value, value = wrong[0]
+    handover = ctx.handover_frame(ctx.rank_node(rank, value), aligned) if proper_shards else None
+    if handover is not None:
+        # A proper shard that reached an op needing another layout: it was computed right and
+        # passed on unconverted (a missing gather), so the fix is where it was passed on.
+        culprit_site, how = to_site(handover), "handover"
+    else:
+        culprit_site, how = ctx.blame(rank, value)
+    if how.startswith("unsupported:") or (aligned.op == "generic" and not ctx._followed(aligned)):
+        op = how.removeprefix("unsupported:") if how.startswith("unsupported:") else describe_op(aligned)
+        return Unsupported(
+            reason="unsupported-op",
+            message=f"no rule relates {op} on rank {rank} to the reference; the check cannot follow the "
+            f"parallel computation past it",
+            op=op,
+            site=culprit_site or ctx.rank_site(aligned),
+        )
+    found_rels = ctx.index.relations_of_rank_value(rank, value)
+    expected = f"input {k} of the {describe_op(ref_node)} holds part of {ctx.ref_value_name(ref_value)}"
+    found = (
+        "; ".join(ctx._holding(rel, refs[0]) for rel, refs in found_rels[:2])
+        or "a value unrelated to anything the reference computes"
+    )
+    kind = "wrong-shard" if found_rels else "not-equivalent"
+    if how == "provenance-cat":
+        kind = "shard-order"
+    if how == "unrelated-parameter":
+        kind = "unrelated-parameter"
+    if how in ("handover", "layout"):
+        kind = "wrong-layout"
+    where = ctx.rank_site(aligned).short() if aligned.site else "?"
+    message = (
+        f"rank {rank} applies the {describe_op(aligned)} at {where} to {found}, where the reference uses "
+        f"{ctx.ref_value_name(ref_value)}"
+    )
+    gather = ctx.rank_node(rank, value)
+    if (
+        gather is not None
+        and gather.op == "all_gather"
+        and gather.inputs
+        and ctx._is_replicated(rank, gather.inputs[0])
+    ):
+        # Gathering what every rank already holds in full repeats it world-size times: a
+        # sequence-parallel region entered without its scatter (or one gather too many).
+        message += (
+            "; it is the all-gather of a value every rank already holds in full, so the value was not "
+            "split (scattered) before the gather, or the gather is one too many"
+        )
+        how = "gather-of-whole"
+    return Discrepancy(
+        kind=kind,
+        message=message,
+        primary=culprit_site or ctx.rank_site(aligned),
+        reference=ctx.ref_site(ref_node, f"the reference computes {describe_op(ref_node)} here"),
+        related=[s for s in [ctx.rank_site(aligned, f"rank {rank} computes {describe_op(aligned)} here")] if s],
+        reference_node=ref_node.id,
+        parallel_nodes=[f"rank{rank}/{aligned.id}", f"rank{rank}/{value}"],
+        expected=expected,
+        found=found,
+        suggestion=(
+            "this rank's value is a proper shard, but not in the layout this operation needs: fix the line "
+            "that passes it on (a missing gather, or a view in the wrong layout)"
+            if how == "handover"
+            else "scatter the value before this gather (each rank keeps its slice), or drop the gather"
+            if how == "gather-of-whole"
+            else "join the pieces in the order the reference's layout has (each copy next to its source, "
+            "as repeat_interleave does, rather than tiled copies)"
+            if how == "layout"
+            else "make this rank hold the slice its partners expect (see the first location)"
+        ),
+        details={"blame": how, "wrong_inputs": [w[0] for w in wrong]},
+    )

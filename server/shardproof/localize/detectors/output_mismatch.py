@@ -1,0 +1,127 @@
+"""An output that fails though every value before it is related: a wrong shape (wrong-layout),
+shards in the wrong order (shard-order), partial sums returned (missing-reduction). Reads the
+relations of the outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...results import Discrepancy
+from ..context import Context
+
+
+def output_mismatch(ctx: Context, failing_outputs: list[int]) -> Discrepancy:
+    index = failing_outputs[0] if failing_outputs else 0
+    ref_value = ctx.reference.outputs[index] if index < len(ctx.reference.outputs) else ""
+    ref_node = ctx.ref_nodes.get(ref_value)
+    ref_meta = ctx.reference.meta_of(ref_value) if ref_value else None
+    for rank, graph in enumerate(ctx.ev.ranks):
+        if index >= len(graph.outputs):
+            continue
+        value = graph.outputs[index]
+        node = ctx.rank_node(rank, value)
+        meta = graph.meta_of(value)
+        if ref_meta is not None and meta.shape != ref_meta.shape:
+            return _with_output_picture(
+                ctx,
+                ref_value,
+                rank,
+                value,
+                f"shape {list(meta.shape)} ≠ {list(ref_meta.shape)}",
+                Discrepancy(
+                    kind="wrong-layout",
+                    message=f"rank {rank} returns output {index} with shape {list(meta.shape)}; the reference "
+                    f"returns {list(ref_meta.shape)}",
+                    primary=ctx.rank_site(node) if node else None,
+                    reference=ctx.ref_site(ref_node) if ref_node else None,
+                    ranks=[rank],
+                    reference_node=ref_value,
+                    parallel_nodes=[f"{graph.name}/{value}"],
+                    expected=f"shape {list(ref_meta.shape)}",
+                    found=f"shape {list(meta.shape)}",
+                    suggestion="gather or reshape along the dimension the reference uses",
+                ),
+            )
+    spans = []
+    for rank, graph in enumerate(ctx.ev.ranks):
+        rels = ctx.relations_between(ref_value, rank, graph.outputs[index]) if index < len(graph.outputs) else []
+        spans.append(rels)
+    node = ctx.rank_node(0, ctx.ev.ranks[0].outputs[index]) if ctx.ev.ranks else None
+    found = (
+        "; ".join(
+            f"rank {r}: {rels[0].describe(ref_meta.shape if ref_meta else None)}"
+            for r, rels in enumerate(spans)
+            if rels
+        )
+        or "values unrelated to the reference output"
+    )
+    sel = [rels[0] for rels in spans if rels and rels[0].kind == "sel"]
+    kind = "not-equivalent"
+    if sel and len(sel) == len(spans):
+        kind = "shard-order"
+    elif any(rels and rels[0].kind == "psum" for rels in spans):
+        kind = "missing-reduction"
+    rank0_output = ctx.ev.ranks[0].outputs[index] if ctx.ev.ranks else ""
+    return _with_output_picture(
+        ctx,
+        ref_value,
+        0,
+        rank0_output,
+        spans[0][0].describe(ref_meta.shape if ref_meta else None) if spans and spans[0] else "no relation",
+        Discrepancy(
+            kind=kind,
+            message=f"{_output_name(ctx, index)} does not equal the reference's on every rank ({found})",
+            primary=ctx.rank_site(node) if node else None,
+            reference=ctx.ref_site(ref_node) if ref_node else None,
+            ranks=list(range(len(ctx.ev.ranks))),
+            reference_node=ref_value,
+            expected=_output_expectation(ctx, index),
+            found=found,
+            suggestion=_output_suggestion(ctx, index, kind),
+        ),
+    )
+
+
+def _with_output_picture(
+    ctx: Context, ref_value: str, rank: int, value: str, label: str, found: Discrepancy
+) -> Discrepancy:
+    """The reference's output and the rank's output side by side, each under the operation that
+    feeds it (for a gathered output: the gather), linked by what the rank actually returns."""
+    reference = [{**ctx._ref_row(ref_value, broken=True), "row": 1}]
+    parallel = [{**ctx._rank_row(rank, value, broken=True), "row": 1}]
+    edges: list[dict[str, Any]] = []
+    ref_node, node = ctx.ref_nodes.get(ref_value), ctx.rank_node(rank, value)
+    if ref_node is not None and ref_node.inputs:
+        reference.insert(0, {**ctx._ref_row(ref_node.inputs[0]), "row": 0})
+        edges.append({"column": "reference", "from": 0, "to": 1})
+    if node is not None and node.inputs:
+        parallel.insert(0, {**ctx._rank_row(rank, node.inputs[0]), "row": 0})
+        edges.append({"column": "parallel", "from": 0, "to": 1})
+    found.details.setdefault(
+        "neighbourhood",
+        {
+            "rank": rank,
+            "reference": reference,
+            "parallel": parallel,
+            "links": [{"row": 1, "label": label, "status": "broken"}],
+            "edges": edges,
+        },
+    )
+    return found
+
+
+def _output_name(ctx: Context, index: int) -> str:
+    parameter = ctx._gradient_of(index)
+    return f"the gradient of `{parameter}`" if parameter else f"output {index}"
+
+
+def _output_expectation(ctx: Context, index: int) -> str:
+    if ctx._gradient_of(index):
+        return "every rank holds the reference gradient whole, or the block of it its parameter holds"
+    return "every rank returns the reference output (or the declared output relation)"
+
+
+def _output_suggestion(ctx: Context, index: int, kind: str) -> str:
+    if ctx._gradient_of(index) and kind == "missing-reduction":
+        return "all-reduce this gradient over the ranks after backward (each rank's covers only its own part)"
+    return "combine the ranks' results so that each returns the full output"

@@ -1,0 +1,94 @@
+"""How the localizer names operations and which ops it follows (shared by every detector)."""
+
+from __future__ import annotations
+
+from ..graph.model import Node
+
+_LINEAR_OPS = {
+    ("binary", "add"),
+    ("binary", "sub"),
+    ("scalar", "mul"),
+    ("scalar", "div"),
+    ("unary", "neg"),
+    ("view", None),
+    ("permute", None),
+    ("slice", None),
+    ("cat", None),
+    ("expand", None),
+}
+_ROLES = {
+    "sdpa": ["query", "key", "value", "mask"],
+    "linear": ["input", "weight"],
+    "matmul": ["left", "right"],
+    "embedding": ["weight", "ids"],
+}
+_SUPPORTED = {
+    "slice",
+    "cat",
+    "view",
+    "permute",
+    "expand",
+    "unary",
+    "scalar",
+    "binary",
+    "where",
+    "fill",
+    "reduce",
+    "softmax",
+    "log_softmax",
+    "linear",
+    "matmul",
+    "embedding",
+    "sdpa",
+    "constant",
+    "uninitialized",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+}
+
+
+def _fn(node: Node) -> str | None:
+    return node.attrs.get("fn") if node.op in ("unary", "scalar", "binary", "reduce") else None
+
+
+_OP_NAMES = {
+    "linear": "linear",
+    "matmul": "matmul",
+    "embedding": "embedding lookup",
+    "sdpa": "attention",
+    "view": "reshape",
+    "permute": "transpose",
+    "slice": "slice",
+    "cat": "concatenation",
+    "expand": "expand",
+    "where": "where",
+    "fill": "masked_fill",
+    "softmax": "softmax",
+    "log_softmax": "log_softmax",
+    "all_reduce": "all-reduce",
+    "all_gather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "all_to_all": "all-to-all",
+    "broadcast": "broadcast",
+    "constant": "constant",
+}
+
+
+def describe_op(node: Node) -> str:
+    """A short human name: `silu`, `add`, `linear layers.0.attention.wo`, `attention`."""
+    fn = _fn(node)
+    if node.op == "generic":
+        return str(node.attrs.get("target", "op")).replace("aten::", "")
+    if node.op == "scalar":
+        return f"{fn} by {node.attrs.get('value')}"
+    if node.op == "reduce":
+        return str(fn)
+    name = str(fn) if fn else _OP_NAMES.get(node.op, node.op)
+    if fn and fn.startswith("cast_"):
+        name = f"cast to {fn.removeprefix('cast_')}"
+    if node.op in ("linear", "embedding") and node.module_path:
+        return f"{name} {node.module_path}"
+    return name
