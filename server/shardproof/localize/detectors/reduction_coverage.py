@@ -20,18 +20,21 @@ def reduction_coverage(ctx: Context, ref_node: Node, ref_value: str, rank: int, 
     held = {r: (rels[0].start, rels[0].end) for r, rels in ranges.items()}
     total = next(iter(ranges.values()))[0].total if ranges else 0
     duplicated = [r for r in held for q in held if q < r and held[q] == held[r]]
-    offender = (missing or duplicated or [rank])[0]
-    partial = _partial_input(ctx, offender, reduction)
-    origin = _partial_site(ctx, offender, partial) if partial is not None else None
     description = ", ".join(f"rank {r}: [{s}:{e}]" for r, (s, e) in sorted(held.items()))
     if missing:
         found = f"ranks {missing} hold no partial sum of it; {description}"
     else:
-        found = f"the partial sums cover {description} of {total}"
+        problem = tiling_problem(held, total)
+        if problem is None:
+            return None  # the ranges tile: whatever is wrong, it is not which part each rank sums
+        found = f"{problem} ({description} of {total})"
+    offender = (missing or duplicated or [rank])[0]
+    partial = _partial_input(ctx, offender, reduction)
+    origin = _partial_site(ctx, offender, partial) if partial is not None else None
     return Discrepancy(
         kind="wrong-shard",
         message=f"the all-reduce at {ctx.rank_site(reduction).short() if reduction.site else '?'} sums partial "
-        f"results that do not tile the reduction ({found})",
+        f"results that do not tile the reduction: {found}",
         primary=origin or ctx.rank_site(reduction),
         reference=ctx.ref_site(ref_node, "the reference computes the full value here"),
         related=[s for s in [ctx.rank_site(reduction, "the all-reduce")] if s],
@@ -42,6 +45,19 @@ def reduction_coverage(ctx: Context, ref_node: Node, ref_value: str, rank: int, 
         found=found,
         suggestion="give every rank its own shard (rank r of n holds block r)",
     )
+
+
+def tiling_problem(held: dict[int, tuple[int, int]], total: int) -> str | None:
+    """What keeps the ranks' ranges from tiling [0, total) exactly once (None when they do): the
+    first overlap or gap, in order along the reduced indices."""
+    position, previous = 0, None
+    for rank, (start, end) in sorted(held.items(), key=lambda item: (item[1], item[0])):
+        if start < position:
+            return f"rank {previous} and rank {rank} both sum [{start}:{min(end, position)}]"
+        if start > position:
+            return f"no rank sums [{position}:{start}]"
+        position, previous = end, rank
+    return f"no rank sums [{position}:{total}]" if position < total else None
 
 
 def _partial_site(ctx: Context, rank: int, value: str) -> Site | None:
