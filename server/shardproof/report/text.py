@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,12 @@ def _error(error: dict[str, Any], root: Path | None, indent: str) -> list[str]:
     if site:
         col = f":{site['column'] + 1}" if site.get("column") is not None else ""
         lines.append(f"{indent}  at {_relative(site['file'], root)}:{site['line']}{col}  {site.get('code', '')}")
+    inside = error.get("library_site")
+    if inside:
+        library = f" ({inside['library']})" if inside.get("library") else ""
+        # an installed file by its path inside the installation (packaging/version.py)
+        where = re.split(r"[/\\](?:site|dist)-packages[/\\]", inside["file"])[-1] if inside.get("library") else inside["file"]
+        lines.append(f"{indent}  raised inside{library} at {where}:{inside['line']}  {inside.get('code', '')}")
     return lines
 
 
