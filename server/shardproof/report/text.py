@@ -115,7 +115,9 @@ def _error(error: dict[str, Any], root: Path | None, indent: str) -> list[str]:
     if inside:
         library = f" ({inside['library']})" if inside.get("library") else ""
         # an installed file by its path inside the installation (packaging/version.py)
-        where = re.split(r"[/\\](?:site|dist)-packages[/\\]", inside["file"])[-1] if inside.get("library") else inside["file"]
+        where = inside["file"]
+        if inside.get("library"):
+            where = re.split(r"[/\\](?:site|dist)-packages[/\\]", where)[-1]
         lines.append(f"{indent}  raised inside{library} at {where}:{inside['line']}  {inside.get('code', '')}")
     return lines
 
