@@ -25,6 +25,7 @@ DISCREPANCY_KINDS = {
     "missing-reduction": "a partial sum is used as if it were the full value (an all-reduce is missing)",
     "partial-sum-into-nonlinear": "a partial sum flows into an operation that is not linear",
     "duplicate-reduction": "a value that is already complete is all-reduced again",
+    "wrong-collective-op": "an all-reduce combines the ranks' parts with the wrong operation (AVG for partial sums)",
     "bias-before-reduction": "a replicated value is added on every rank before the all-reduce",
     "wrong-scaling": "a share of a value is scaled by the wrong factor",
     "wrong-shard": "a rank holds a different slice than its partners need",
