@@ -110,7 +110,7 @@ def test_one_process_at_a_time_gives_the_same_results(example_root: Path) -> Non
 
 def test_unproven_exit_code_json_sarif_and_fail_on(tiny_root: Path, tmp_path: Path) -> None:
     """A correct program the rules cannot prove yet (an all-reduce spelled as an all-gather and a
-    sum): exit code 3,
+    running sum): exit code 3,
     `unproven` in JSON with the witness's trials, a SARIF warning, and `--fail-on discrepancy`
     lets it pass."""
     sarif_path = tmp_path / "out.sarif"

@@ -557,6 +557,14 @@ class Encoder:
         for piece in pieces:
             source_graph = exchange.graphs[piece.rank]
             source, meta = self.term(source_graph, piece.value), source_graph.meta_of(piece.value)
+            if piece.inserted:
+                # the whole value with a unit dim where the pieces are stacked: a view of it
+                shape = list(meta.shape)
+                shape.insert(len(shape) + 1 + piece.dim, 1)
+                stacked = TensorMeta(tuple(shape), meta.dtype)
+                terms.append(self._view(source, meta.shape, stacked))
+                metas.append(stacked)
+                continue
             if piece.whole:
                 terms.append(source)
                 metas.append(meta)
