@@ -150,6 +150,13 @@ def _partial_consumed(
         )
     kind = "missing-reduction" if consumer.op in ("binary",) or rel.kind == "pmax" else "partial-sum-into-nonlinear"
     producer_site = ctx.rank_site(producer, f"the {partial} is produced here") if producer else None
+    later = _reduction_after(ctx, rank, consumer.id) if kind == "partial-sum-into-nonlinear" else None
+    if later is not None:
+        # The reduction exists, after an operation that needs the full value: that operation's
+        # line is what to change (reduce first, then apply it).
+        return _applied_before_reduction(
+            ctx, ref_node, ref_value, rank, rel, partial, holds, partial_value, consumer, later, producer_site
+        )
     what = ctx.ref_value_name(ref_value) if ref_input is not None else ref_value
     consumer_desc = describe_op(consumer)
     source = describe_op(producer) if producer is not None else "partial computation"
@@ -183,6 +190,62 @@ def _partial_consumed(
             else "all-reduce the partial sums (sum over the tensor-parallel group) before using them"
         ),
         details={**ctx._fix("wrap", "Insert the missing all-reduce"), "holdings": ctx._holdings(ref_value)},
+    )
+
+
+# operations that start a new partial computation: an all-reduce past one reduces that, not this
+_NEW_PARTIALS = ("linear", "matmul", "embedding", "sdpa", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def _reduction_after(ctx: Context, rank: int, value: str, depth: int = 12) -> Node | None:
+    """The first all-reduce (sum) that `value` flows into through elementwise operations, views
+    and reductions (a norm written out), before any operation that makes a new partial value."""
+    frontier, seen = [value], {value}
+    for _ in range(depth):
+        following = []
+        for v in frontier:
+            for consumer_id in ctx.rank_consumers[rank].get(v, []):
+                consumer = ctx.rank_nodes[rank][consumer_id]
+                coll = consumer.collective
+                if consumer.op == "all_reduce" and coll is not None and (coll.reduce_op or "sum") == "sum":
+                    return consumer
+                if consumer_id not in seen and consumer.op not in _NEW_PARTIALS:
+                    seen.add(consumer_id)
+                    following.append(consumer_id)
+        frontier = following
+    return None
+
+
+def _applied_before_reduction(
+    ctx: Context,
+    ref_node: Node,
+    ref_value: str,
+    rank: int,
+    rel: Relation,
+    partial: str,
+    holds: str,
+    partial_value: str,
+    consumer: Node,
+    reduction: Node,
+    producer_site: Site | None,
+) -> Discrepancy:
+    # the module it runs in names a written-out op (`pow by 2` of an RMSNorm)
+    inside = f" (in `{consumer.module_path}`)" if consumer.module_path else ""
+    consumer_desc = describe_op(consumer) + inside
+    reduction_where = ctx.rank_site(reduction).short() if reduction.site else "?"
+    return Discrepancy(
+        kind="partial-sum-into-nonlinear",
+        message=f"the {consumer_desc} is applied to the {partial} of {ctx.ref_value_name(ref_value)} before the "
+        f"all-reduce at {reduction_where}; it needs the full value",
+        primary=ctx.rank_site(consumer, f"{consumer_desc} of a {partial}"),
+        reference=ctx.ref_site(ref_node, "the reference applies it to the full value here"),
+        related=[s for s in [ctx.rank_site(reduction, "the all-reduce, after it"), producer_site] if s is not None],
+        reference_node=ref_node.id,
+        parallel_nodes=[f"rank{rank}/{partial_value}", f"rank{rank}/{consumer.id}", f"rank{rank}/{reduction.id}"],
+        expected=f"the {consumer_desc} of {ctx.ref_value_name(ref_value)} in full (reduced first)",
+        found=f"{holds}, and the {consumer_desc} is applied to it before the all-reduce",
+        suggestion=f"all-reduce first, then apply the {consumer_desc} (move the all-reduce before this line)",
+        details={"holdings": ctx._holdings(ref_value)},
     )
 
 
