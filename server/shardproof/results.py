@@ -37,6 +37,7 @@ DISCREPANCY_KINDS = {
     "missing-layers": "layers of the reference that no rank runs (a split of the layers over stages leaves some out)",
     "missing-gradient": "a rank computes no gradient for a parameter the reference trains",
     "scaled-gradient": "a gradient is the reference's times a constant (averaged with the wrong count)",
+    "wrong-constant": "an operation uses another number than the reference's (a scale from the local sizes)",
     "not-equivalent": "a value matches nothing the reference computes",
 }
 

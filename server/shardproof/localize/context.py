@@ -10,6 +10,7 @@ from typing import Any
 from ..graph.model import Frame, Node, SourceSite
 from ..results import Discrepancy, Site, Unsupported
 from ..verify.relations_found import Relation
+from .assignments import Assignment
 from .blame import Blame
 from .evidence import Evidence
 from .neighbourhood import Pictures
@@ -35,6 +36,18 @@ class Context(Blame, Pictures):
         self.ref_lines = reference_lines(self.reference)
         # user line -> the library frame it called into, for every rank site shown (related info)
         self.library_calls: dict[Line, Site] = {}
+
+    def site_at(self, assigned: Assignment, note: str = "") -> Site:
+        """A report site for an assignment found in the user's source (assignments.py)."""
+        return Site(
+            file=assigned.file,
+            line=assigned.line,
+            column=assigned.column + 1,
+            end_line=assigned.end_line,
+            end_column=assigned.end_column + 1,
+            code=assigned.code,
+            note=note,
+        )
 
     def rank_node(self, rank: int, value: str) -> Node | None:
         return self.rank_nodes[rank].get(value)

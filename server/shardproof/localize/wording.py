@@ -83,7 +83,10 @@ def describe_op(node: Node) -> str:
     if node.op == "generic":
         return str(node.attrs.get("target", "op")).replace("aten::", "")
     if node.op == "scalar":
-        return f"{fn} by {node.attrs.get('value')}"
+        value = node.attrs.get("value")
+        if isinstance(value, float) and len(repr(value)) > 10:
+            value = f"{value:.6g}"  # 0.353553, not 0.35355339059327373
+        return f"{fn} by {value}"
     if node.op == "reduce":
         return str(fn)
     name = str(fn) if fn else _OP_NAMES.get(node.op, node.op)
