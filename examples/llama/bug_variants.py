@@ -200,7 +200,7 @@ LOSS_VARIANTS: tuple[BugVariant, ...] = (
         "uniform = torch.log(sum_exp) - sum_logits / vocab_size",
         "uniform = torch.log(sum_exp) - sum_logits / local_size",
         (2, 4),
-        "not-equivalent",
+        "wrong-constant",
         **_LOSS,
     ),
     BugVariant(

@@ -49,3 +49,16 @@ def test_tensors_are_not_numbers_and_nothing_is_guessed(tmp_path: Path) -> None:
     edited = textwrap.dedent(SOURCE).replace("        self.heads = heads\n", "        self.scale = 0.5\n")
     path.write_text(edited)  # two assignments of self.scale: no single answer
     assert assignment_of_used_name(_frame(path, "(q @ k.transpose(-2, -1)) * self.scale")) is None
+
+
+def test_a_number_other_lines_read_is_not_blamed_its_use_is(tmp_path: Path) -> None:
+    path = tmp_path / "loss.py"
+    path.write_text(
+        textwrap.dedent("""
+        def loss(logits, start, vocab_size):
+            local_size = logits.shape[-1]
+            end = start + local_size
+            return logits.sum(-1) / local_size, end
+        """)
+    )
+    assert assignment_of_used_name(_frame(path, "logits.sum(-1) / local_size")) is None

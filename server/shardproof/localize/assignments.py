@@ -6,7 +6,8 @@ local width) shows at the operation that uses it, but the fix is where it was co
 reads the user's source: the names in the expression the operation ran (its column range), and
 for each the assignment that gave it its value — the last one before the line in the same
 function for a local name, the assignments to `self.name` in the same class for an attribute.
-Only one candidate is an answer; several (or none) leave the operation's own line.
+Only one candidate is an answer; several (or none) leave the operation's own line, and so does a
+name other lines read too (a right number used in the wrong place: the use is what to change).
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ def assignment_of_used_name(frame: Frame) -> Assignment | None:
             if local is not None:
                 found.append(local)
     numeric = [a for a in found if a.numeric]
-    return numeric[0] if len(numeric) == 1 else None
+    if len(numeric) != 1:
+        return None
+    (assigned,) = numeric
+    # A number that other lines read as well is right for them: the wrong thing is its use here.
+    scope = cls if assigned.name.startswith("self.") else function
+    return None if _read_elsewhere(scope, assigned.name, frame.line) else assigned
 
 
 def _parse(file: str) -> ast.Module | None:
@@ -91,6 +97,19 @@ def _read_names(expression: ast.AST) -> list[str]:
         elif isinstance(node, ast.Name) and node.id != "self" and isinstance(node.ctx, ast.Load):
             names.append(node.id)
     return list(dict.fromkeys(names))
+
+
+def _read_elsewhere(scope: ast.AST | None, name: str, line: int) -> bool:
+    """Whether `name` (a local, or `self.x`) is read on another line of the scope."""
+    for node in ast.walk(scope) if scope is not None else ():
+        if getattr(node, "lineno", line) == line or not isinstance(getattr(node, "ctx", None), ast.Load):
+            continue
+        if isinstance(node, ast.Name) and node.id == name:
+            return True
+        is_self = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+        if is_self and f"self.{node.attr}" == name:  # type: ignore[attr-defined]
+            return True
+    return False
 
 
 def _enclosing(tree: ast.Module, line: int) -> tuple[ast.FunctionDef | None, ast.ClassDef | None]:

@@ -1,0 +1,133 @@
+"""Bug programs with the one line a developer must change (localization/CASES.toml): shardproof
+must report each as a discrepancy whose primary site is exactly that line, with its columns.
+Each program differs from its reference on a real gloo group as written and agrees once its line
+is replaced by the case's fix (localization/GROUND_TRUTH.json, localization/record.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from ground_truth import checks, run
+
+from shardproof.config import load_project
+from shardproof.pipeline import verify_check
+
+pytestmark = pytest.mark.slow
+
+CORPUS = Path(__file__).resolve().parent / "localization"
+_spec = importlib.util.spec_from_file_location("localization_record", CORPUS / "record.py")
+record = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(record)
+
+CASES = {case["name"]: case for case in record.cases()}
+SIZES = {check["name"]: check["world-sizes"] for check in checks(CORPUS)}
+
+# Cases shardproof does not report at their exact line today (name -> where it reports them and
+# with what verdict). Each is an xfail(strict): a case that becomes exact fails until it is taken
+# off this list, so the list only shrinks.
+KNOWN_MISSES: dict[str, str] = {
+    # helper: reported where the helper's number is used, never at the helper
+    "kv-head-modulo": "wrong-shard at offsets.py:32, the k slice that uses the kv head index",
+    "vocab-range-floor": "not-equivalent at comm.py:12, the all-reduce in the shared helper",
+    "vocab-bound-local-block": "not-equivalent at offsets.py:82, the shift that uses the mask",
+    "shard-start-next-block": "unrelated-parameter at offsets.py:98, the down slice that uses the offset",
+    "vocab-end-off-by-one": "not-equivalent at comm.py:12, the all-reduce in the shared helper",
+    "local-experts-global": "not-equivalent at offsets.py:133, the gate that compares expert ids",
+    "ceil-block-floor": "wrong-shard at offsets.py:102, the row-parallel linear of the short blocks",
+    # fused: reported at the builder's constructor call or at the split of the fused output
+    "merged-gate-up-one-block": "wrong-shard at fused.py:34, the builder's `return MergedColumnSwiGLU(...)`",
+    "phi3-gate-up-one-block": "wrong-layout at models.py:57, the reference's chunk of gate_up_proj's output",
+    "wqkv-one-block": "wrong-layout at fused.py:63, the split of the wqkv output",
+    "c-attn-loader-one-block": "wrong-shard at fused.py:103, the builder's `return CAttnParallel(...)`",
+    "c-attn-bias-one-block": "wrong-shard at fused.py:107, the builder's `return CAttnParallel(...)`",
+    # collective: reported at the linear producing the partial sums (or the builder), not the collective
+    "all-reduce-avg": "wrong-shard at collectives.py:30, the builder's `return RowParallelMLP(...)`",
+    "attention-all-reduce-max": "wrong-shard at collectives.py:47, the c_proj linear before the all-reduce",
+    "softmax-sum-as-max": "wrong-shard at collectives.py:69, the local sum before the all-reduce",
+    "reduce-over-data-parallel-group": "wrong-shard at collectives.py:95, the linear before the all-reduce",
+    "reduce-scatter-max": "verdict unproven (no discrepancy), its finding at collectives.py:117",
+    # constant: reported where the constant is used, not where it is computed
+    "attention-scale-local-width": "wrong-layout at constants.py:20, the einsum that uses the scale",
+    "attention-scale-local-heads": "wrong-layout at constants.py:20, the einsum that uses the scale",
+    "norm-divisor-local-width": "not-equivalent with no primary site at all",
+    "mean-over-local-length": "not-equivalent at constants.py:121, the sequence chunk",
+    "embedding-scale-local-width": "wrong-layout at constants.py:140, the multiply that uses the normalizer",
+    # nonlinear: reported at the producer of the partial sum (a helper method), not the op that consumes it
+    "rmsnorm-before-reduce": "partial-sum-into-nonlinear at nonlinear.py:29, the partial() that makes the sum",
+    "gelu-before-reduce": "partial-sum-into-nonlinear at nonlinear.py:29, the partial() that makes the sum",
+    "softmax-before-reduce": "partial-sum-into-nonlinear at nonlinear.py:29, the partial() that makes the sum",
+    # plan: reported in the reference model's code or at a neighbouring plan entry
+    "plan-k-proj-replicated-output": "not-equivalent at models.py:21, the k repeat_interleave (reference code)",
+    "tp-plan-lm-head-colwise": "missing-reduction at models.py:167, the softmax (reference code)",
+    "tp-plan-k-proj-colwise-rep": "not-equivalent at models.py:21, the k repeat_interleave (reference code)",
+    "plan-mlp-class-output-replicate": "missing-reduction at plans.py:72, the mlp.down entry above it",
+    "plan-down-partial-output": "missing-reduction at models.py:34, the MLP's forward (reference code)",
+}
+
+_RESULTS: dict[str, object] = {}
+
+
+def _verified(name: str, sandbox) -> object:
+    if name not in _RESULTS:
+        project = load_project(CORPUS)
+        _RESULTS[name] = verify_check(project.check(name), project, None, sandbox)
+    return _RESULTS[name]
+
+
+def test_every_case_differs_as_written_and_agrees_when_fixed() -> None:
+    recorded = json.loads(record.RECORD.read_text())
+    assert len(CASES) >= 40
+    assert set(CASES) == set(SIZES), "one case per check"
+    for name, case in CASES.items():
+        text = (CORPUS / case["file"]).read_text()
+        assert text.count(case["line"]) == 1, (name, case["line"])
+        assert case["fix"].strip() and "\n" not in case["fix"], name
+        for world_size in SIZES[name]:
+            entry = recorded[name][str(world_size)]
+            assert entry["bug"] > record.DIFFERS, (name, world_size, entry)
+            assert entry["fixed"] <= record.AGREES, (name, world_size, entry)
+
+
+def test_every_family_has_three_cases() -> None:
+    families: dict[str, int] = {}
+    for case in CASES.values():
+        families[case["family"]] = families.get(case["family"], 0) + 1
+    assert len(families) >= 7 and min(families.values()) >= 3, families
+
+
+@pytest.mark.parametrize("name", ["vocab-bound-local-block", "plan-k-proj-replicated-output"])
+def test_the_recorded_ground_truth_still_holds(name: str) -> None:
+    """A sample rerun of the gloo runs, a plain collective program (at two world sizes) and a
+    DTensor plan (the whole corpus: `python tests/corpus/localization/record.py`)."""
+    (check,) = [c for c in checks(CORPUS) if c["name"] == name]
+    for world_size in check["world-sizes"]:
+        assert run(check, world_size, CORPUS) > record.DIFFERS
+        with tempfile.TemporaryDirectory() as scratch:
+            assert run(check, world_size, record.fixed_copy(CASES[name], Path(scratch))) <= record.AGREES
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_MISSES[name], strict=True))
+        if name in KNOWN_MISSES
+        else name
+        for name in CASES
+    ],
+)
+def test_the_discrepancy_is_reported_at_the_line_to_change(name: str, sandbox) -> None:
+    case = CASES[name]
+    result = _verified(name, sandbox)
+    assert result.error is None, result.error
+    expected = ((CORPUS / case["file"]).resolve(), record.line_number(case))
+    assert [outcome.world_size for outcome in result.results] == SIZES[name]
+    for outcome in result.results:
+        assert outcome.verdict == "discrepancy", (name, outcome.world_size, outcome.summary)
+        primary = outcome.discrepancies[0].primary
+        assert primary is not None, (name, outcome.world_size)
+        assert (Path(primary.file).resolve(), primary.line) == expected, (name, outcome.world_size, primary)
+        assert primary.column is not None and primary.end_column is not None, primary
