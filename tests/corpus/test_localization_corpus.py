@@ -45,9 +45,6 @@ KNOWN_MISSES: dict[str, str] = {
     "c-attn-loader-one-block": "wrong-shard at fused.py:103, the builder's `return CAttnParallel(...)`",
     "c-attn-bias-one-block": "wrong-shard at fused.py:107, the builder's `return CAttnParallel(...)`",
     # collective: reported at the linear producing the partial sums (or the builder), not the collective
-    "all-reduce-avg": "wrong-shard at collectives.py:30, the builder's `return RowParallelMLP(...)`",
-    "attention-all-reduce-max": "wrong-shard at collectives.py:47, the c_proj linear before the all-reduce",
-    "softmax-sum-as-max": "wrong-shard at collectives.py:69, the local sum before the all-reduce",
     "reduce-over-data-parallel-group": "wrong-shard at collectives.py:95, the linear before the all-reduce",
     "reduce-scatter-max": "verdict unproven (no discrepancy), its finding at collectives.py:117",
     # constant: reported where the constant is used, not where it is computed
@@ -55,11 +52,6 @@ KNOWN_MISSES: dict[str, str] = {
     "attention-scale-local-heads": "wrong-layout at constants.py:20, the einsum that uses the scale",
     "norm-divisor-local-width": "not-equivalent with no primary site at all",
     "mean-over-local-length": "not-equivalent at constants.py:121, the sequence chunk",
-    "embedding-scale-local-width": "wrong-layout at constants.py:140, the multiply that uses the normalizer",
-    # nonlinear: reported at the producer of the partial sum (a helper method), not the op that consumes it
-    "rmsnorm-before-reduce": "partial-sum-into-nonlinear at nonlinear.py:29, the partial() that makes the sum",
-    "gelu-before-reduce": "partial-sum-into-nonlinear at nonlinear.py:29, the partial() that makes the sum",
-    "softmax-before-reduce": "partial-sum-into-nonlinear at nonlinear.py:29, the partial() that makes the sum",
     # plan: reported in the reference model's code or at a neighbouring plan entry
     "plan-k-proj-replicated-output": "not-equivalent at models.py:21, the k repeat_interleave (reference code)",
     "tp-plan-lm-head-colwise": "missing-reduction at models.py:167, the softmax (reference code)",
