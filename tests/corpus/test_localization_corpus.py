@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -123,3 +124,25 @@ def test_the_discrepancy_is_reported_at_the_line_to_change(name: str, sandbox) -
         assert primary is not None, (name, outcome.world_size)
         assert (Path(primary.file).resolve(), primary.line) == expected, (name, outcome.world_size, primary)
         assert primary.column is not None and primary.end_column is not None, primary
+
+
+_RANGE = re.compile(r"rank (\d+): \[(\d+):(\d+)\]")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_no_message_contradicts_the_ranges_it_prints(name: str, sandbox) -> None:
+    """A report that says partial sums do not tile a reduction names why (an overlap, a gap, a rank
+    holding none), and the ranges it prints indeed do not tile it."""
+    from shardproof.localize.detectors.reduction_coverage import tiling_problem
+
+    result = _verified(name, sandbox)
+    for outcome in result.results:
+        for finding in [*outcome.discrepancies, *outcome.unproven]:
+            text = f"{finding.message} {finding.found}"
+            if "do not tile" not in text:
+                continue
+            held = {int(r): (int(s), int(e)) for r, s, e in _RANGE.findall(finding.found or "")}
+            total = re.search(r" of (\d+)\)?$", finding.found or "")
+            if "hold no partial sum" in text or not held or total is None:
+                continue
+            assert tiling_problem(held, int(total.group(1))) is not None, (name, text)
