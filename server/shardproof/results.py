@@ -38,6 +38,7 @@ DISCREPANCY_KINDS = {
     "missing-gradient": "a rank computes no gradient for a parameter the reference trains",
     "scaled-gradient": "a gradient is the reference's times a constant (averaged with the wrong count)",
     "wrong-constant": "an operation uses another number than the reference's (a scale from the local sizes)",
+    "wrong-group": "a collective runs over ranks that do not hold the parts it combines (the wrong process group)",
     "not-equivalent": "a value matches nothing the reference computes",
 }
 

@@ -46,7 +46,6 @@ KNOWN_MISSES: dict[str, str] = {
     "c-attn-loader-one-block": "wrong-shard at fused.py:103, the builder's `return CAttnParallel(...)`",
     "c-attn-bias-one-block": "wrong-shard at fused.py:107, the builder's `return CAttnParallel(...)`",
     # collective: reported at the linear producing the partial sums (or the builder), not the collective
-    "reduce-over-data-parallel-group": "wrong-shard at collectives.py:95, the linear before the all-reduce",
     "reduce-scatter-max": "verdict unproven (no discrepancy), its finding at collectives.py:117",
     # constant: reported where the constant is used, not where it is computed
     "attention-scale-local-width": "wrong-layout at constants.py:20, the einsum that uses the scale",

@@ -1,5 +1,6 @@
-"""wrong-shard at an all-reduce: its inputs are partial sums that do not tile the reduction (a rank
-missing, two ranks with the same range). Reads the partial-sum relations of every rank."""
+"""At an all-reduce whose inputs are partial sums that do not tile the reduction: wrong-shard (a
+rank of its group missing, two with the same range) or wrong-group (the group is not the ranks
+whose parts tile it). Reads the partial-sum relations of every rank."""
 
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ from ..context import Context
 
 
 def reduction_coverage(ctx: Context, ref_node: Node, ref_value: str, rank: int, reduction: Node) -> Discrepancy | None:
-    """The all-reduce exists but its inputs' partial sums do not tile the reduction."""
+    """The all-reduce exists but its inputs' partial sums do not tile the reduction: a rank of its
+    group holds the wrong part (reported where that part is made), or the group is the wrong one
+    (other ranks hold the parts that would tile it: reported at the all-reduce)."""
     ranges: dict[int, list[Relation]] = {}
     for r in range(len(ctx.ev.ranks)):
         for rel, _values in ctx.index.relations(ref_value, r):
             if rel.kind == "psum":
                 ranges.setdefault(r, []).append(rel)
-    missing = [r for r in range(len(ctx.ev.ranks)) if r not in ranges]
-    held = {r: (rels[0].start, rels[0].end) for r, rels in ranges.items()}
+    everyone = {r: (rels[0].start, rels[0].end) for r, rels in ranges.items()}
+    group = reduction.collective.group if reduction.collective else tuple(range(len(ctx.ev.ranks)))
+    members = [r for r in group if r < len(ctx.ev.ranks)]
+    missing = [r for r in members if r not in ranges]
+    held = {r: everyone[r] for r in members if r in everyone}
     total = next(iter(ranges.values()))[0].total if ranges else 0
     duplicated = [r for r in held for q in held if q < r and held[q] == held[r]]
     description = ", ".join(f"rank {r}: [{s}:{e}]" for r, (s, e) in sorted(held.items()))
@@ -28,6 +34,9 @@ def reduction_coverage(ctx: Context, ref_node: Node, ref_value: str, rank: int, 
         if problem is None:
             return None  # the ranges tile: whatever is wrong, it is not which part each rank sums
         found = f"{problem} ({description} of {total})"
+        partners = _tiling_partners(everyone, rank, len(members), total)
+        if partners is not None and sorted(partners) != sorted(members):
+            return _wrong_group(ctx, ref_node, rank, reduction, members, partners, found, total)
     offender = (missing or duplicated or [rank])[0]
     partial = _partial_input(ctx, offender, reduction)
     origin = _partial_site(ctx, offender, partial) if partial is not None else None
@@ -44,6 +53,45 @@ def reduction_coverage(ctx: Context, ref_node: Node, ref_value: str, rank: int, 
         expected=f"partial sums over disjoint ranges covering all {total} reduced indices, one per rank",
         found=found,
         suggestion="give every rank its own shard (rank r of n holds block r)",
+    )
+
+
+def _tiling_partners(held: dict[int, tuple[int, int]], rank: int, size: int, total: int) -> list[int] | None:
+    """`size` ranks, `rank` among them, whose parts tile [0, total): for every other part the
+    nearest rank holding it (None when the parts held anywhere cannot tile it that way)."""
+    if rank not in held:
+        return None
+    chosen = {held[rank]: rank}
+    for r in sorted(held, key=lambda q: (abs(q - rank), q)):
+        chosen.setdefault(held[r], r)
+    if len(chosen) != size or tiling_problem({r: span for span, r in chosen.items()}, total) is not None:
+        return None
+    return sorted(chosen.values())
+
+
+def _wrong_group(
+    ctx: Context,
+    ref_node: Node,
+    rank: int,
+    reduction: Node,
+    members: list[int],
+    partners: list[int],
+    found: str,
+    total: int,
+) -> Discrepancy:
+    where = ctx.rank_site(reduction).short() if reduction.site else "?"
+    return Discrepancy(
+        kind="wrong-group",
+        message=f"the all-reduce at {where} runs over ranks {members}, whose partial sums do not tile the "
+        f"reduction ({found}); ranks {partners} hold the parts that do",
+        primary=ctx.rank_site(reduction, "the all-reduce's group"),
+        reference=ctx.ref_site(ref_node, "the reference computes the full value here"),
+        ranks=members,
+        reference_node=ref_node.id,
+        parallel_nodes=[f"rank{rank}/{reduction.id}"],
+        expected=f"an all-reduce over ranks {partners}, whose partial sums cover all {total} reduced indices once",
+        found=f"an all-reduce over ranks {members}",
+        suggestion=f"reduce over the group of ranks {partners} (the group that shards this computation)",
     )
 
 
