@@ -40,11 +40,8 @@ KNOWN_MISSES: dict[str, str] = {
     "local-experts-global": "not-equivalent at offsets.py:133, the gate that compares expert ids",
     "ceil-block-floor": "wrong-shard at offsets.py:102, the row-parallel linear of the short blocks",
     # fused: reported at the builder's constructor call or at the split of the fused output
-    "merged-gate-up-one-block": "wrong-shard at fused.py:34, the builder's `return MergedColumnSwiGLU(...)`",
     "phi3-gate-up-one-block": "wrong-layout at models.py:57, the reference's chunk of gate_up_proj's output",
     "wqkv-one-block": "wrong-layout at fused.py:63, the split of the wqkv output",
-    "c-attn-loader-one-block": "wrong-shard at fused.py:103, the builder's `return CAttnParallel(...)`",
-    "c-attn-bias-one-block": "wrong-shard at fused.py:107, the builder's `return CAttnParallel(...)`",
     # collective: reported at the linear producing the partial sums (or the builder), not the collective
     "reduce-scatter-max": "verdict unproven (no discrepancy), its finding at collectives.py:117",
     # constant: reported where the constant is used, not where it is computed

@@ -87,7 +87,8 @@ class Blame:
         if problems:
             leaf = problems[0]
             return to_site(pick_frame(leaf.site, self.ref_lines)), "unrelated-parameter"
-        innocent = self._consistent_provenance_lines()
+        # (its own slice tiling its source proves nothing: a fused weight cut as one block tiles it)
+        innocent = self._consistent_provenance_lines(besides=placeholder.target)
         inconsistent = self._inconsistent_slices(placeholder.target)
         if inconsistent is not None:
             return to_site(pick_frame(inconsistent.site, innocent), "this slice is taken per rank"), "provenance-slice"
@@ -118,11 +119,12 @@ class Blame:
                     return slices[0]  # every rank takes the same 1/n block: nobody holds the rest
         return None
 
-    def _consistent_provenance_lines(self) -> set[Line]:
-        """Lines that made correctly tiled slices for some parameter: helpers, innocent."""
+    def _consistent_provenance_lines(self, besides: str | None = None) -> set[Line]:
+        """Lines that made correctly tiled slices for some parameter other than `besides`:
+        helpers, innocent."""
         lines: set[Line] = set()
         targets = set(self.ev.rank_values[0]) if self.ev.rank_values else set()
-        for target in targets:
+        for target in targets - {besides}:
             per_rank = [values.get(target) for values in self.ev.rank_values]
             if any(e is None for e in per_rank):
                 continue
@@ -169,6 +171,13 @@ class Blame:
             if any(rel.kind == "equal" for rel in rels):
                 continue
             scored.append((self._tiles_across_ranks(ref_value, aligned, k), k, ref_value, value))
+        per_part = [s for s in scored if self._tiles_per_part(s[2], aligned, s[1])]
+        if per_part and len(per_part) < len(scored):
+            # One input holds every part's block (a fused [q; k; v] cut part by part) and another
+            # one contiguous block of the fused dim: the block is the one that ignores the parts.
+            blocks = [s for s in scored if s not in per_part and s[0]]
+            if blocks:
+                return [(k, ref_value, value) for _, k, ref_value, value in blocks], False
         anchors = [s for s in scored if s[0]]
         suspects = [s for s in scored if not s[0]]
         if anchors and suspects:
@@ -180,6 +189,35 @@ class Blame:
             return [(k, ref_value, value) for _, k, ref_value, value in scored[-1:]], False
         computed = [s for s in scored if self.is_parameter_value(rank, s[3]) is None]
         return [(k, ref_value, value) for _, k, ref_value, value in (computed or scored)[-1:]], True
+
+    def _tiles_per_part(self, ref_value: str, aligned: Node, position: int) -> bool:
+        """Do the ranks' selections of this input take, in every one of several parts of a dim, the
+        blocks that tile that part in rank order (a fused weight cut part by part)?"""
+        per_rank = []
+        for r in range(len(self.ev.ranks)):
+            counterpart = next((n for n in self.ev.ranks[r].nodes if n.id == aligned.id), None)
+            if counterpart is None or position >= len(counterpart.inputs):
+                return False
+            rels = [
+                rel
+                for rel in self.relations_between(ref_value, r, counterpart.inputs[position])
+                if rel.kind == "sel" and len(rel.ranges) > 1
+            ]
+            if not rels:
+                return False
+            per_rank.append(rels[0].ranges)
+        parts = {len(ranges) for ranges in per_rank}
+        if len(parts) != 1:
+            return False
+        position_in_dim = 0
+        for part in range(parts.pop()):
+            blocks = [ranges[part] for ranges in per_rank]
+            if blocks[0][0] != position_in_dim or not blocked_tiling(
+                [(s - blocks[0][0], e - blocks[0][0]) for s, e in blocks]
+            ):
+                return False
+            position_in_dim = blocks[-1][1]
+        return True
 
     def _tiles_across_ranks(self, ref_value: str, aligned: Node, position: int) -> bool:
         """Do the ranks' selections of this input tile it in rank order (allowing replicated blocks)?"""
