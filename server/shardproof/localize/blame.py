@@ -171,7 +171,9 @@ class Blame:
             if any(rel.kind == "equal" for rel in rels):
                 continue
             scored.append((self._tiles_across_ranks(ref_value, aligned, k), k, ref_value, value))
-        per_part = [s for s in scored if self._tiles_per_part(s[2], aligned, s[1])]
+        per_part = [
+            s for s in scored if self._tiles_per_part(s[2], aligned, s[1]) and self._parts_from_a_parameter(rank, s[3])
+        ]
         if per_part and len(per_part) < len(scored):
             # One input holds every part's block (a fused [q; k; v] cut part by part) and another
             # one contiguous block of the fused dim: the block is the one that ignores the parts.
@@ -189,6 +191,25 @@ class Blame:
             return [(k, ref_value, value) for _, k, ref_value, value in scored[-1:]], False
         computed = [s for s in scored if self.is_parameter_value(rank, s[3]) is None]
         return [(k, ref_value, value) for _, k, ref_value, value in (computed or scored)[-1:]], True
+
+    def _parts_from_a_parameter(self, rank: int, value: str, depth: int = 8) -> bool:
+        """Whether a value's several ranges come from a parameter loaded part by part (the
+        loader's deliberate layout), not from copies joined in the program (a tiled repeat)."""
+        frontier = [value]
+        for _ in range(depth):
+            following = []
+            for v in frontier:
+                if v in self.rank_placeholders[rank]:
+                    rels = [rel for rel, _ in self.index.relations_of_rank_value(rank, v) if rel.kind == "sel"]
+                    if any(len(rel.ranges) > 1 for rel in rels):
+                        return True
+                    continue
+                node = self.rank_node(rank, v)
+                if node is None or node.op in ("cat", "expand") or node.op.startswith("all_"):
+                    continue  # pieces joined here: the program's layout, not a loaded one
+                following.extend(node.inputs)
+            frontier = following
+        return False
 
     def _tiles_per_part(self, ref_value: str, aligned: Node, position: int) -> bool:
         """Do the ranks' selections of this input take, in every one of several parts of a dim, the
