@@ -92,7 +92,7 @@ class FunctionLowering:
 
     op__log_softmax = op_log_softmax
 
-    # -- ops along one dim, one_hot, clamp, einsum --------------------------------------------------
+    # -- ops along one dim, clamp -------------------------------------------------------------
     def along(
         self,
         fx: torch.fx.Node,

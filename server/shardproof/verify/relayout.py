@@ -249,7 +249,9 @@ def _pieces_along(result, owners, dim, group, sources, shapes, base, torch):  # 
     for owner, start, end in runs:
         rank = group[owner]
         block = result.narrow(dim, start, end - start) - owner * base
-        if end - start == 1 and block.dim() == len(shapes[rank]) + 1 and _is_whole(block.squeeze(dim), shapes[rank]):
+        stacked = end - start == 1 and block.dim() == len(shapes[rank]) + 1
+        whole = _block_of(block.squeeze(dim), shapes[rank], torch) if stacked else None
+        if whole is not None and whole[3]:
             # one position along a dim the source does not have: the whole value stacked there
             pieces.append(Piece(rank, sources[rank], dim - result.dim(), 0, 1, True, inserted=True))
             continue
@@ -259,15 +261,6 @@ def _pieces_along(result, owners, dim, group, sources, shapes, base, torch):  # 
         sliced_dim, first, last, whole = piece
         pieces.append(Piece(rank, sources[rank], sliced_dim, first, last, whole))
     return pieces
-
-
-def _is_whole(block, shape) -> bool:  # type: ignore[no-untyped-def]
-    """Whether `block` holds every position of a tensor of `shape`, in order."""
-    import torch
-
-    return tuple(block.shape) == tuple(shape) and torch.equal(
-        block.reshape(-1), torch.arange(math.prod(shape), dtype=block.dtype)
-    )
 
 
 def _block_of(block, shape, torch):  # type: ignore[no-untyped-def]
