@@ -3,9 +3,12 @@ into parameter provenance (the slice taken per rank), or to the line that handed
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..graph.model import Frame, Node
 from ..relations import expr as px
 from ..results import Site
+from ..verify.relations_found import Relation
 from .sites import Line, line_of, pick_frame, to_site
 from .wording import describe_op
 
@@ -211,22 +214,31 @@ class Blame:
             frontier = following
         return False
 
-    def _tiles_per_part(self, ref_value: str, aligned: Node, position: int) -> bool:
-        """Do the ranks' selections of this input take, in every one of several parts of a dim, the
-        blocks that tile that part in rank order (a fused weight cut part by part)?"""
-        per_rank = []
+    def _held_across_ranks(
+        self, ref_value: str, aligned: Node, position: int, kept: Callable[[Relation], bool]
+    ) -> list[Relation] | None:
+        """Per rank, the first relation `kept` accepts between the reference's input and the
+        input at `position` of that rank's counterpart of `aligned` (None when a rank has none)."""
+        held = []
         for r in range(len(self.ev.ranks)):
             counterpart = next((n for n in self.ev.ranks[r].nodes if n.id == aligned.id), None)
             if counterpart is None or position >= len(counterpart.inputs):
-                return False
-            rels = [
-                rel
-                for rel in self.relations_between(ref_value, r, counterpart.inputs[position])
-                if rel.kind == "sel" and len(rel.ranges) > 1
-            ]
+                return None
+            rels = [rel for rel in self.relations_between(ref_value, r, counterpart.inputs[position]) if kept(rel)]
             if not rels:
-                return False
-            per_rank.append(rels[0].ranges)
+                return None
+            held.append(rels[0])
+        return held
+
+    def _tiles_per_part(self, ref_value: str, aligned: Node, position: int) -> bool:
+        """Do the ranks' selections of this input take, in every one of several parts of a dim, the
+        blocks that tile that part in rank order (a fused weight cut part by part)?"""
+        held = self._held_across_ranks(
+            ref_value, aligned, position, lambda rel: rel.kind == "sel" and len(rel.ranges) > 1
+        )
+        if held is None:
+            return False
+        per_rank = [rel.ranges for rel in held]
         parts = {len(ranges) for ranges in per_rank}
         if len(parts) != 1:
             return False
@@ -242,19 +254,11 @@ class Blame:
 
     def _tiles_across_ranks(self, ref_value: str, aligned: Node, position: int) -> bool:
         """Do the ranks' selections of this input tile it in rank order (allowing replicated blocks)?"""
+        held = self._held_across_ranks(ref_value, aligned, position, lambda rel: rel.kind in ("sel", "psum"))
+        if held is None:
+            return False
         spans: list[tuple[int, int, int]] = []
-        for r in range(len(self.ev.ranks)):
-            counterpart = next((n for n in self.ev.ranks[r].nodes if n.id == aligned.id), None)
-            if counterpart is None or position >= len(counterpart.inputs):
-                return False
-            rels = [
-                rel
-                for rel in self.relations_between(ref_value, r, counterpart.inputs[position])
-                if rel.kind in ("sel", "psum")
-            ]
-            if not rels:
-                return False
-            rel = rels[0]
+        for rel in held:
             if rel.kind == "sel":
                 if len(rel.ranges) != 1:
                     return False
