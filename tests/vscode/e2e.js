@@ -8,7 +8,7 @@
 //   what the numeric witness found, and the explanation of an unproven finding.
 // Every step saves a screenshot to $SHOTS. Prints "N passed, M failed"; exits 1 on a failure.
 'use strict';
-const { activeLineNumber, goToLine, main, openFile, runCommand, screenshot, statusItem, step } = require('./harness');
+const { goToLine, main, openFile, runCommand, screenshot, squiggleOnLine, statusItem, step } = require('./harness');
 
 const URL = process.env.CS_URL;
 const WS = process.env.CS_WS;
@@ -32,13 +32,7 @@ main(async (page) => {
 
   let squiggle;
   await step('a squiggle appears at the line of the mistake', page, async () => {
-    squiggle = page.locator('.monaco-editor .squiggly-error').first();
-    await squiggle.waitFor({ state: 'attached', timeout: 120000 });
-    const box = await squiggle.boundingBox();
-    const current = await activeLineNumber(page, MISTAKE_LINE).boundingBox();
-    if (!box || !current || Math.abs(box.y + box.height / 2 - (current.y + current.height / 2)) > current.height) {
-      throw new Error(`the squiggle is not on line ${MISTAKE_LINE}`);
-    }
+    squiggle = await squiggleOnLine(page, 'error', MISTAKE_LINE, 120000);
     await screenshot(page, 'squiggle');
   });
 
@@ -152,13 +146,8 @@ main(async (page) => {
     await statusItem(page).filter({ hasText: '1 unproven' }).waitFor({ timeout: 60000 });
     await openFile(page, 'parallel.py');
     await goToLine(page, UNPROVEN_LINE);
-    const warning = page.locator('.monaco-editor .squiggly-warning').first();
-    await warning.waitFor({ state: 'attached', timeout: 120000 });
+    const warning = await squiggleOnLine(page, 'warning', UNPROVEN_LINE, 120000);
     const box = await warning.boundingBox();
-    const current = await activeLineNumber(page, UNPROVEN_LINE).boundingBox();
-    if (!box || !current || Math.abs(box.y + box.height / 2 - (current.y + current.height / 2)) > current.height) {
-      throw new Error(`the warning is not on line ${UNPROVEN_LINE}`);
-    }
     if ((await page.locator('.monaco-editor .squiggly-error').count()) > 0) {
       throw new Error('a correct program shows an error squiggle');
     }

@@ -36,6 +36,49 @@ function activeLineNumber(page, line) {
     .first();
 }
 
+/** The lines (by their gutter numbers) that each box's vertical centre falls on, for reports. */
+async function linesOf(page, boxes) {
+  const gutter = await page.locator('.monaco-editor .line-numbers').evaluateAll((nodes) =>
+    nodes.map((node) => {
+      const rect = node.getBoundingClientRect();
+      return { text: node.textContent.trim(), top: rect.top, bottom: rect.bottom };
+    }),
+  );
+  return boxes.map((box) => {
+    const middle = box.y + box.height / 2;
+    const row = gutter.find((entry) => entry.top <= middle && middle <= entry.bottom);
+    return row ? row.text : '?';
+  });
+}
+
+/**
+ * The squiggle of `kind` ("error", "warning") on `line`, which must be the active line. Polls,
+ * because the editor may still be laying out (a scroll, a hover closing) while decorations land:
+ * two reads of one moment, not a single read of two moments. On a timeout the error names the
+ * lines the squiggles of that kind are on.
+ */
+async function squiggleOnLine(page, kind, line, timeout = 60000) {
+  const squiggles = page.locator(`.monaco-editor .squiggly-${kind}`);
+  await squiggles.first().waitFor({ state: 'attached', timeout });
+  const deadline = Date.now() + timeout;
+  let boxes = [];
+  for (;;) {
+    const current = await activeLineNumber(page, line).boundingBox();
+    boxes = [];
+    for (let i = 0, n = await squiggles.count(); i < n; i += 1) {
+      const box = await squiggles.nth(i).boundingBox();
+      if (box) boxes.push(box);
+      if (box && current && Math.abs(box.y + box.height / 2 - (current.y + current.height / 2)) <= current.height / 2) {
+        return squiggles.nth(i);
+      }
+    }
+    if (Date.now() > deadline) break;
+    await page.waitForTimeout(250);
+  }
+  const lines = await linesOf(page, boxes);
+  throw new Error(`the ${kind} is not on line ${line} (${kind} squiggles on lines: ${lines.join(', ') || 'none'})`);
+}
+
 async function goToLine(page, line) {
   await page.keyboard.press('Control+g');
   const widget = page.locator('.quick-input-widget');
@@ -107,4 +150,14 @@ function main(scenario) {
   });
 }
 
-module.exports = { activeLineNumber, goToLine, main, openFile, runCommand, screenshot, statusItem, step };
+module.exports = {
+  activeLineNumber,
+  goToLine,
+  main,
+  openFile,
+  runCommand,
+  screenshot,
+  squiggleOnLine,
+  statusItem,
+  step,
+};
