@@ -279,6 +279,7 @@ def verify_world_size(
         outputs_of=[len(ranks) - 1] if check.outputs == "last-rank" else None,
         factors=unit.factors,
         law_targets=unit.law_targets,
+        rank_numbers=[r.numbers for r in captured.ranks],
     )
     finding = explain(evidence, failing)
     seconds["localization"] = time.perf_counter() - start

@@ -28,6 +28,7 @@ from torch import nn
 from ..config import Check, Project, declared_blocks, declared_dim, declared_shard, same_code_sharded_dim
 from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Frame, Graph, ModulePlacement
+from ..graph.numbers import NumberUse
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
 from . import dtensor, environment
 from .blocks import tensor_attributes
@@ -36,6 +37,7 @@ from .forked import map_ranks
 from .frames import exact_stack_traces
 from .lowering_tables import dtype_name
 from .normalize import to_graph
+from .numbers import plain_attributes, tracing_numbers
 from .placement import placements, recording_attachments
 from .provenance import ProvenanceTracker
 from .remap import extended_collective_remaps, sends_as_outputs
@@ -48,6 +50,7 @@ class RankCapture:
     rank: int
     graph: Graph
     values: dict[str, Expr]  # placeholder target (parameter / buffer FQN) -> provenance over the reference
+    numbers: list[NumberUse] = field(default_factory=list)  # the builder's traced numbers torch received
 
 
 @dataclass
@@ -479,6 +482,7 @@ class BuiltRank:
     values: dict[str, Expr]  # parameters' and buffers' relations to the reference
     applied_styles: list[dtensor.AppliedStyle]  # DTensor plan styles applied while building
     placements: list[ModulePlacement]  # the reference modules it holds (not for same-code checks)
+    numbers: list[NumberUse] = field(default_factory=list)  # where the builder's shard numbers were used
 
 
 class CheckCapture:
@@ -581,7 +585,7 @@ class CheckCapture:
                     graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
                 graph.plan_entries = plan
                 graph.placements = built.placements
-            return RankCapture(rank, graph, values), dtensor.uses_dtensor(module)
+            return RankCapture(rank, graph, values, built.numbers), dtensor.uses_dtensor(module)
 
         with import_roots(self.project.python_path):
             captured = map_ranks(
@@ -656,6 +660,7 @@ class CheckCapture:
         stage = f"building rank {rank} of {world_size}"
         applied_styles: list[dtensor.AppliedStyle] = []
         held: list[ModulePlacement] = []
+        numbers: list[NumberUse] = []
         if self.check.same_code_reference:
             reference_values = same_code_values or {}
             module = _build_module(self.build_parallel, stage, tracker)
@@ -666,8 +671,12 @@ class CheckCapture:
                 dtensor.recording_plan_entries() as applied_styles,
                 dtensor.recording_distributed_sources(tracker.expr_of) as distributed,
                 recording_attachments(reference_module) as attached,
+                tracing_numbers(rank, world_size) as (traced_rank, traced_world, uses),
             ):
-                module = _build_module(self.build_parallel, stage, tracker, reference_module, rank, world_size)
+                module = _build_module(self.build_parallel, stage, tracker, reference_module, traced_rank, traced_world)
+            numbers = uses.uses
+            if isinstance(module, nn.Module):
+                plain_attributes(module)
         if not isinstance(module, nn.Module):
             raise UserCodeError(
                 f"the parallel builder returned {type(module).__name__} for rank {rank}, not an nn.Module"
@@ -676,7 +685,7 @@ class CheckCapture:
         if not self.check.same_code_reference:
             held = placements(module, reference_module, attached)
         values = self._rank_values(module, tracker, reference_values, rank, world_size, distributed)
-        return BuiltRank(module, values, applied_styles, held)
+        return BuiltRank(module, values, applied_styles, held, numbers)
 
     def _rank_values(
         self,

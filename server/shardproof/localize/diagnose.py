@@ -56,6 +56,7 @@ from .detectors.stage_handover import stage_handover
 from .detectors.target_pick_mask import target_pick_mask
 from .detectors.wrong_constant import wrong_constant
 from .evidence import Evidence
+from .number_origin import relocated
 from .stages import missing_layers
 
 PROGRAM_DETECTORS = [
@@ -85,7 +86,10 @@ VALUE_DETECTORS = [
 
 def explain(evidence: Evidence, failing_outputs: list[int]) -> Discrepancy | Unsupported:
     ctx = Context(evidence)
-    return ctx.with_plan_context(ctx.with_library_context(_explain(ctx, failing_outputs)))
+    found = _explain(ctx, failing_outputs)
+    if isinstance(found, Discrepancy) and "number_origin" not in found.details:
+        found = relocated(found, evidence.rank_numbers)
+    return ctx.with_plan_context(ctx.with_library_context(found))
 
 
 def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsupported:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from ..graph.model import Graph
+from ..graph.numbers import NumberUse
 from ..relations import expr as px
 from ..verify.encode import CollectiveIssue
 from ..verify.relations_found import RelationIndex
@@ -25,3 +26,6 @@ class Evidence:
     # opaque calls that rules follow (derived laws, rules matching the call whole): an input
     # relation no rule accepts there is a finding, not an unsupported operation
     law_targets: frozenset[str] = frozenset()
+    # per rank, the torch calls of the parallel builder that received numbers computed from the
+    # rank or the world size (capture/numbers.py): where shard offsets and sizes came from
+    rank_numbers: list[list[NumberUse]] = field(default_factory=list)

@@ -8,6 +8,7 @@ from typing import Any
 
 from ...results import Discrepancy
 from ..context import Context
+from .reduction_coverage import reduction_coverage
 
 
 def output_mismatch(ctx: Context, failing_outputs: list[int]) -> Discrepancy:
@@ -42,6 +43,10 @@ def output_mismatch(ctx: Context, failing_outputs: list[int]) -> Discrepancy:
                     suggestion="gather or reshape along the dimension the reference uses",
                 ),
             )
+    if ref_node is not None:
+        covered = _reduced_output_coverage(ctx, ref_node, ref_value, index)
+        if covered is not None:
+            return covered
     spans = []
     for rank, graph in enumerate(ctx.ev.ranks):
         rels = ctx.relations_between(ref_value, rank, graph.outputs[index]) if index < len(graph.outputs) else []
@@ -125,3 +130,17 @@ def _output_suggestion(ctx: Context, index: int, kind: str) -> str:
     if ctx._gradient_of(index) and kind == "missing-reduction":
         return "all-reduce this gradient over the ranks after backward (each rank's covers only its own part)"
     return "combine the ranks' results so that each returns the full output"
+
+
+def _reduced_output_coverage(ctx: Context, ref_node: Any, ref_value: str, index: int) -> Discrepancy | None:
+    """An output that is an all-reduce of the ranks' partial sums of the reference's output, which
+    fails: the partial sums do not tile the reduction (a gap, an overlap, a missing rank)."""
+    for rank, graph in enumerate(ctx.ev.ranks):
+        if index >= len(graph.outputs):
+            continue
+        node = ctx.rank_node(rank, graph.outputs[index])
+        if node is None or node.op != "all_reduce" or not node.inputs:
+            continue
+        if any(rel.kind == "psum" for rel in ctx.relations_between(ref_value, rank, node.inputs[0])):
+            return reduction_coverage(ctx, ref_node, ref_value, rank, node)
+    return None

@@ -8,6 +8,7 @@ from ...graph.model import Node
 from ...results import Discrepancy, Site
 from ...verify.relations_found import Relation
 from ..context import Context
+from ..number_origin import cut_lines, moved_to, number_origin
 
 
 def reduction_coverage(ctx: Context, ref_node: Node, ref_value: str, rank: int, reduction: Node) -> Discrepancy | None:
@@ -40,7 +41,7 @@ def reduction_coverage(ctx: Context, ref_node: Node, ref_value: str, rank: int, 
     offender = (missing or duplicated or [rank])[0]
     partial = _partial_input(ctx, offender, reduction)
     origin = _partial_site(ctx, offender, partial) if partial is not None else None
-    return Discrepancy(
+    found_discrepancy = Discrepancy(
         kind="wrong-shard",
         message=f"the all-reduce at {ctx.rank_site(reduction).short() if reduction.site else '?'} sums partial "
         f"results that do not tile the reduction: {found}",
@@ -54,6 +55,19 @@ def reduction_coverage(ctx: Context, ref_node: Node, ref_value: str, rank: int, 
         found=found,
         suggestion="give every rank its own shard (rank r of n holds block r)",
     )
+    return _at_the_numbers(ctx, found_discrepancy, held, total)
+
+
+def _at_the_numbers(ctx: Context, found: Discrepancy, held: dict[int, tuple[int, int]], total: int) -> Discrepancy:
+    """The ranges come from cuts of a parameter whose bounds the builder computed: the report
+    goes where those numbers are wrong (number_origin.py), with the cut and the partial sum as
+    related information."""
+    for line in cut_lines(ctx.ev.rank_numbers, held, total):
+        origin = number_origin(ctx.ev.rank_numbers, line, held)
+        if origin is None:
+            continue
+        return moved_to(found, origin)
+    return found
 
 
 def _tiling_partners(held: dict[int, tuple[int, int]], rank: int, size: int, total: int) -> list[int] | None:
