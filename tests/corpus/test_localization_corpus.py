@@ -32,13 +32,8 @@ SIZES = {check["name"]: check["world-sizes"] for check in checks(CORPUS)}
 # off this list, so the list only shrinks.
 KNOWN_MISSES: dict[str, str] = {
     # helper: reported where the helper's number is used, never at the helper
-    "kv-head-modulo": "wrong-shard at offsets.py:32, the k slice that uses the kv head index",
-    "vocab-range-floor": "not-equivalent at comm.py:12, the all-reduce in the shared helper",
     "vocab-bound-local-block": "not-equivalent at offsets.py:82, the shift that uses the mask",
-    "shard-start-next-block": "unrelated-parameter at offsets.py:98, the down slice that uses the offset",
-    "vocab-end-off-by-one": "not-equivalent at comm.py:12, the all-reduce in the shared helper",
     "local-experts-global": "not-equivalent at offsets.py:133, the gate that compares expert ids",
-    "ceil-block-floor": "wrong-shard at offsets.py:102, the row-parallel linear of the short blocks",
     # fused: reported at the builder's constructor call or at the split of the fused output
     "phi3-gate-up-one-block": "wrong-layout at models.py:57, the reference's chunk of gate_up_proj's output",
     "wqkv-one-block": "wrong-layout at fused.py:63, the split of the wqkv output",

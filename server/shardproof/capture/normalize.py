@@ -424,6 +424,8 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             return
         left_id, left_scalar = self.scalar_or_value(left)
         right_id, right_scalar = self.scalar_or_value(right)
+        if fn == "mul" and left_id is not None and right_id is not None and self.masked(fx, left_id, right_id, meta):
+            return
         if left_id is not None and right_id is not None:
             node_id = self.add(fx, "binary", [left_id, right_id], {"fn": fn}, meta)
             if fn == "mul" and meta.dtype.startswith("complex"):
@@ -432,6 +434,21 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             self.add(fx, "scalar", [left_id], {"fn": fn, "value": right_scalar}, meta)
         elif right_id is not None:
             self.add(fx, "scalar", [right_id], {"fn": f"r{fn}", "value": left_scalar}, meta)
+
+    def masked(self, fx: torch.fx.Node, left: str, right: str, meta: TensorMeta) -> bool:
+        """x * mask with a boolean mask is x where the mask holds and 0 elsewhere: written as the
+        fill of the mask's negation with 0, the one form of masking the rules know (masked_fill,
+        where). Only when x already has the product's shape and type (the mask broadcasts)."""
+        for value, mask in ((left, right), (right, left)):
+            value_meta, mask_meta = self.meta(value), self.meta(mask)
+            if mask_meta.dtype != "bool" or value_meta.dtype == "bool":
+                continue
+            if value_meta.shape != meta.shape or value_meta.dtype != meta.dtype:
+                continue
+            negated = self.add(fx, "unary", [mask], {"fn": "logical_not"}, mask_meta, suffix=".unmasked")
+            self.add(fx, "fill", [value, negated], {"value": 0.0}, meta)
+            return True
+        return False
 
     # -- complex numbers, in real terms ----------------------------------------------------------
     # Meta's Llama code rotates queries and keys as complex numbers: view_as_complex, a complex

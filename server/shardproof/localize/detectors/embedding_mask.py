@@ -27,7 +27,7 @@ def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
             continue
         start, end = shard[0].ranges[0]
         ids = nodes.get(node.inputs[1])
-        kept, offset, mask_node = mask_interval(ctx, nodes, ids)
+        kept, offset, mask_node = mask_interval(ctx, nodes, ids, (start, end))
         if kept is None:
             continue
         problems = []
@@ -50,6 +50,6 @@ def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
             parallel_nodes=[f"rank{rank}/{node.id}"],
             expected=f"rank {rank} looks up exactly the ids in [{start}:{end}] and zeroes the rest",
             found=problems[0],
-            suggestion=f"mask ids outside [{start}, {end}): (ids < {start}) | (ids >= {end})",
+            suggestion=f"keep exactly the ids in [{start}, {end}) (ids >= {start} and ids < {end}) and zero the others",
         )
     return None

@@ -8,21 +8,31 @@ from ..context import Context
 
 
 def mask_interval(
-    ctx: Context, nodes: dict[str, Node], ids: Node | None
+    ctx: Context, nodes: dict[str, Node], ids: Node | None, rows: tuple[int, int] | None = None
 ) -> tuple[tuple[int, int] | None, int | None, Node | None]:
-    """For fill(ids - c, (ids < a) | (ids >= b)) style masks: (kept interval, c, mask node)."""
+    """For masked ids (`fill(ids - c, outside)`, `where(outside, 0, ids - c)`, `where(inside, ids -
+    c, 0)`), where the mask is `(ids < a) | (ids >= b)`, `(ids >= a) & (ids < b)` or the negation
+    of either: (the interval of ids kept, c, the comparison to change). With the `rows` the rank
+    holds, the comparison to change is the one whose bound differs from them."""
     if ids is None or ids.op not in ("fill", "where"):
         return None, None, None
     if ids.op == "fill":
-        shifted, mask = nodes.get(ids.inputs[0]), nodes.get(ids.inputs[1])
+        shifted, mask, keeps = nodes.get(ids.inputs[0]), nodes.get(ids.inputs[1]), False
     else:
-        mask, shifted = nodes.get(ids.inputs[0]), nodes.get(ids.inputs[2])
+        kept_side = nodes.get(ids.inputs[1])
+        keeps = kept_side is not None and kept_side.op == "scalar" and kept_side.attrs.get("fn") == "sub"
+        mask, shifted = nodes.get(ids.inputs[0]), nodes.get(ids.inputs[1] if keeps else ids.inputs[2])
     offset = None
     if shifted is not None and shifted.op == "scalar" and shifted.attrs.get("fn") == "sub":
         offset = int(shifted.attrs["value"])
-    if mask is None or mask.op != "binary" or mask.attrs.get("fn") != "or":
+    while mask is not None and mask.op == "unary" and mask.attrs.get("fn") in ("logical_not", "bitwise_not"):
+        mask, keeps = nodes.get(mask.inputs[0]), not keeps
+    combines = {False: "or", True: "and"}[keeps]  # outside = below | above; inside = above & below
+    if mask is None or mask.op != "binary" or mask.attrs.get("fn") != combines:
         return None, offset, None
     low, high = 0, None
+    low_node: Node | None = None
+    high_node: Node | None = None
     for value in mask.inputs:
         cmp = nodes.get(value)
         if cmp is None or cmp.op != "scalar":
@@ -31,19 +41,25 @@ def mask_interval(
         if not isinstance(bound, int | float):
             return None, offset, None
         bound = int(bound)
-        if fn == "lt":
-            low = bound
-        elif fn == "le":
-            low = bound + 1
-        elif fn == "ge":
-            high = bound
-        elif fn == "gt":
-            high = bound + 1
-        else:
+        # the first id kept, or the first id past the kept ones, that this comparison states
+        sides = {"lt": ("low", bound), "le": ("low", bound + 1), "ge": ("high", bound), "gt": ("high", bound + 1)}
+        if keeps:
+            sides = {"ge": ("low", bound), "gt": ("low", bound + 1), "lt": ("high", bound), "le": ("high", bound + 1)}
+        if fn not in sides:
             return None, offset, None
+        side, at = sides[fn]
+        if side == "low":
+            low, low_node = at, cmp
+        else:
+            high, high_node = at, cmp
     if high is None:
         return None, offset, None
-    culprit = next((nodes[v] for v in mask.inputs if nodes[v].attrs.get("fn") in ("le", "gt")), mask)
+    culprit: Node | None = mask
+    if rows is not None and (low, high) != rows:
+        wrong = [n for n, at, want in ((low_node, low, rows[0]), (high_node, high, rows[1])) if at != want]
+        culprit = wrong[0] if len(wrong) == 1 and wrong[0] is not None else mask
+    elif rows is None:
+        culprit = next((nodes[v] for v in mask.inputs if nodes[v].attrs.get("fn") in ("le", "gt")), mask)
     return (low, high), offset, culprit
 
 
