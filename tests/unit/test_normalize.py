@@ -132,3 +132,14 @@ def test_a_decomposition_that_writes_into_fresh_memory_is_not_taken() -> None:
     graph = _graph(lambda a, b: torch.view_as_real(torch.polar(a, b)), (2, 3), (2, 3))
     assert not any(n.op == "uninitialized" for n in graph.nodes)
     assert any("polar" in str(n.attrs.get("target", "")) for n in graph.nodes if n.op == "generic")
+
+
+def test_a_product_with_a_boolean_mask_is_the_fill_of_its_negation_with_zero() -> None:
+    graph = _graph(lambda x, y: x * (y > 0), (2, 3), (2, 3))
+    (fill,) = [n for n in graph.nodes if n.op == "fill"]
+    negation = graph.node_map()[fill.inputs[1]]
+    assert fill.attrs["value"] == 0.0 and (negation.op, negation.attrs["fn"]) == ("unary", "logical_not")
+    assert not [n for n in graph.nodes if n.op == "binary" and n.attrs.get("fn") == "mul"]
+    # a mask that the other factor broadcasts over stays a product: its shape is not the value's
+    graph = _graph(lambda x, y: x * (y > 0), (3,), (2, 3))
+    assert [n for n in graph.nodes if n.op == "binary" and n.attrs.get("fn") == "mul"]

@@ -78,6 +78,16 @@ def cut_by_group(weight, rank, world_size):
     return weight[group * 5 : (group + 1) * 5]
 
 
+def offset_without_rank(world_size, rows):
+    return world_size * rows - rows * world_size  # wrong: every rank starts at 0 (the rank is missing)
+
+
+def cut_same_block_everywhere(weight, rank, world_size):
+    rows = ROWS // world_size
+    start = offset_without_rank(world_size, rows)
+    return weight[start : start + rows]
+
+
 def cut_short(weight, rank, world_size, buffer=False):
     block = ROWS // world_size - 1
     if buffer:
@@ -157,3 +167,16 @@ def test_a_number_that_also_sizes_something_else_is_not_blamed_for_the_cut() -> 
 
     # `block` could make the cuts tile, but it also shapes a buffer: the cut is what to change
     assert _blamed(_record(with_buffer, 3), cut_short, "return weight[") is None
+
+
+def test_a_number_that_should_read_the_rank_and_does_not_is_blamed_where_it_is_computed() -> None:
+    found = _blamed(_record(cut_same_block_everywhere, 3), cut_same_block_everywhere, "return weight[start")
+    assert found is not None and found[2].startswith("return world_size * rows - rows * world_size")
+
+
+def test_a_cut_off_by_one_at_its_end_stays_at_the_cut_when_a_per_rank_size_would_hide_it() -> None:
+    def odd_total(weight, rank, world_size):
+        rows = 31 // world_size
+        return weight[rank * rows : (rank + 1) * rows + 1]  # wrong here; rows per rank could mask it
+
+    assert _blamed(_record(odd_total, 2), odd_total, "return weight[") is None

@@ -248,12 +248,14 @@ def _by_tiling(rank_numbers: list[list[NumberUse]], chosen: dict[int, _Cut]) -> 
     first_rank = min(chosen)
     ordered = sorted(steps, key=lambda p: min(s.order for s in steps[p].get(first_rank, steps[p][min(steps[p])])))
     domain = np.arange(-size - 1, 2 * size + 3, dtype=float)
-    for point in ordered:
-        per_rank = steps[point]
-        if not _only_feeds_this_cut(rank_numbers, chosen, per_rank):
-            continue
-        if _tiles_when_changed(chosen, per_rank, domain, size):
-            return next(iter(per_rank.values()))[0]
+    usable = [p for p in ordered if _only_feeds_this_cut(rank_numbers, chosen, steps[p])]
+    # First as the code reads: a number computed without the rank changes to one value on every
+    # rank. Only when no line can be changed that way, a number that should have read the rank and
+    # did not (every rank cuts the same block) may take a value per rank.
+    for per_rank_values in (False, True):
+        for point in usable:
+            if _tiles_when_changed(chosen, steps[point], domain, size, per_rank_values):
+                return next(iter(steps[point].values()))[0]
     return None
 
 
@@ -277,9 +279,13 @@ def _only_feeds_this_cut(
 
 
 def _tiles_when_changed(
-    chosen: dict[int, _Cut], per_rank: dict[int, list[NumberStep]], domain: np.ndarray, size: int
+    chosen: dict[int, _Cut],
+    per_rank: dict[int, list[NumberStep]],
+    domain: np.ndarray,
+    size: int,
+    per_rank_values: bool = False,
 ) -> bool:
-    reads_rank = any(s.reads_rank() for steps in per_rank.values() for s in steps)
+    reads_rank = per_rank_values or any(s.reads_rank() for steps in per_rank.values() for s in steps)
     ranges = {}
     for rank, cut in chosen.items():
         changed = {id(s) for s in per_rank.get(rank, [])}
