@@ -32,8 +32,6 @@ SIZES = {check["name"]: check["world-sizes"] for check in checks(CORPUS)}
 # off this list, so the list only shrinks.
 KNOWN_MISSES: dict[str, str] = {
     # helper: reported where the helper's number is used, never at the helper
-    "vocab-bound-local-block": "not-equivalent at offsets.py:82, the shift that uses the mask",
-    "local-experts-global": "not-equivalent at offsets.py:133, the gate that compares expert ids",
     # fused: reported at the builder's constructor call or at the split of the fused output
     "phi3-gate-up-one-block": "wrong-layout at models.py:57, the reference's chunk of gate_up_proj's output",
     "wqkv-one-block": "wrong-layout at fused.py:63, the split of the wqkv output",

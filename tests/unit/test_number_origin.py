@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from shardproof.capture.numbers import TracedInt, plain_attributes, tracing_numbers
+from shardproof.graph.numbers import BuilderNumbers
 from shardproof.localize.number_origin import number_origin
 
 ROWS = 30
@@ -20,7 +21,7 @@ def _record(builder, world_size: int) -> list:
     for rank in range(world_size):
         with tracing_numbers(rank, world_size) as (traced_rank, traced_world, recorded), torch.device("meta"):
             builder(torch.empty(ROWS, 4), traced_rank, traced_world)
-        uses.append(recorded.uses)
+        uses.append(BuilderNumbers(recorded.uses))
     return uses
 
 
@@ -88,6 +89,20 @@ def cut_same_block_everywhere(weight, rank, world_size):
     return weight[start : start + rows]
 
 
+def heads_per_rank(heads, world_size):
+    return heads  # wrong: the world size is forgotten
+
+
+def cut_by_heads(weight, rank, world_size):
+    per_rank = heads_per_rank(6, world_size)  # six heads of five rows
+    return weight[rank * per_rank * 5 : (rank + 1) * per_rank * 5]
+
+
+def cut_hard_coded(weight, rank, world_size):
+    rows = 8  # wrong: written for another world size
+    return weight[rank * rows : (rank + 1) * rows]
+
+
 def cut_short(weight, rank, world_size, buffer=False):
     block = ROWS // world_size - 1
     if buffer:
@@ -114,12 +129,12 @@ def test_traced_numbers_remember_their_computation_and_line() -> None:
 
 
 def test_torch_calls_that_receive_traced_numbers_are_recorded_with_their_cut() -> None:
-    (uses,) = _record(cut_by_block, 1)
-    (cut,) = uses
+    (numbers,) = _record(cut_by_block, 1)
+    (cut,) = numbers.uses
     assert cut.function == "getitem" and cut.dim == 0 and cut.cut[0] == "slice"
     assert [s.value for s in cut.cut[1:]] == [0, 30]
-    uses = _record(cut_from_start, 2)
-    assert uses[0][0].function == "narrow" and uses[0][0].cut[0] == "narrow"
+    uses = _record(cut_from_start, 2)[0].uses
+    assert uses[0].function == "narrow" and uses[0].cut[0] == "narrow"
 
 
 def test_plain_attributes_turn_traced_numbers_back_into_plain_ones() -> None:
@@ -180,3 +195,13 @@ def test_a_cut_off_by_one_at_its_end_stays_at_the_cut_when_a_per_rank_size_would
         return weight[rank * rows : (rank + 1) * rows + 1]  # wrong here; rows per rank could mask it
 
     assert _blamed(_record(odd_total, 2), odd_total, "return weight[") is None
+
+
+def test_a_plain_number_a_helper_returns_is_blamed_at_its_return() -> None:
+    found = _blamed(_record(cut_by_heads, 3), cut_by_heads, "return weight[rank * per_rank")
+    assert found is not None and found[2] == "return heads  # wrong: the world size is forgotten"
+
+
+def test_a_hard_coded_number_is_blamed_at_its_assignment() -> None:
+    found = _blamed(_record(cut_hard_coded, 3), cut_hard_coded, "return weight[rank * rows")
+    assert found is not None and found[2] == "rows = 8  # wrong: written for another world size"

@@ -22,10 +22,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import linecache
 import math
 import operator
 import sys
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import torch
@@ -152,17 +154,19 @@ def _is_users(filename: str) -> bool:
 def user_frame(skip: int = 1) -> Frame | None:
     """The innermost frame of the user's own code on the current stack (the line that computed a
     number, or called torch with it), with the columns of the executing expression."""
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if _is_users(filename):
-            line, end_line, column, end_column = _frame_positions(frame)
-            import linecache
-
-            code = linecache.getline(filename, line).strip()
-            return Frame(filename, line, frame.f_code.co_name, code, column, end_line, end_column)
+        if _is_users(frame.f_code.co_filename):
+            return _frame_of(frame)
         frame = frame.f_back
     return None
+
+
+def _frame_of(frame: FrameType) -> Frame:
+    filename = frame.f_code.co_filename
+    line, end_line, column, end_column = _frame_positions(frame)
+    code = linecache.getline(filename, line).strip()
+    return Frame(filename, line, frame.f_code.co_name, code, column, end_line, end_column)
 
 
 # -- min / max / sqrt keep the trace ------------------------------------------------------------
@@ -325,10 +329,47 @@ def tracing_numbers(rank: int, world_size: int) -> Iterator[tuple[TracedInt, Tra
     uses = NumberUses()
     dist.get_rank, dist.get_world_size = traced_get_rank, traced_get_world_size
     try:
-        with _traced_builtins(), uses:
+        with _traced_builtins(), _module_list_cuts(uses.uses), uses:
             yield traced_rank, traced_world, uses
     finally:
         dist.get_rank, dist.get_world_size = get_rank, get_world_size
+
+
+@contextlib.contextmanager
+def _module_list_cuts(into: list[NumberUse]) -> Iterator[None]:
+    """A builder that takes its experts or layers as `ref.experts[first : first + n]` cuts a module
+    list, not a tensor: those cuts are recorded too (dim 0 of the list's length)."""
+    containers = (torch.nn.ModuleList, torch.nn.Sequential)
+    originals = {cls: cls.__getitem__ for cls in containers}
+
+    def recording(original: Callable[..., Any]) -> Callable[..., Any]:
+        def getitem(self: Any, index: Any) -> Any:
+            roles = []
+            if isinstance(index, slice) and index.step in (None, 1):
+                bounds = {"start": index.start, "stop": index.stop}
+                roles = [(f"dim 0 {w}", b.step) for w, b in bounds.items() if isinstance(b, TracedInt)]
+            if roles:
+                into.append(
+                    NumberUse(
+                        function="module list getitem",
+                        frame=user_frame(),
+                        roles=tuple(roles),
+                        shape=(len(self),),
+                        dim=0,
+                        cut=("slice", _bound(index.start), _bound(index.stop)),
+                    )
+                )
+            return original(self, index)
+
+        return getitem
+
+    for cls, original in originals.items():
+        cls.__getitem__ = recording(original)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.__getitem__ = original  # type: ignore[method-assign]
 
 
 def plain_attributes(module: torch.nn.Module) -> None:

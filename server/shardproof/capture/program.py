@@ -28,7 +28,7 @@ from torch import nn
 from ..config import Check, Project, declared_blocks, declared_dim, declared_shard, same_code_sharded_dim
 from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Frame, Graph, ModulePlacement
-from ..graph.numbers import NumberUse
+from ..graph.numbers import BuilderNumbers
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
 from . import dtensor, environment
 from .blocks import tensor_attributes
@@ -50,7 +50,7 @@ class RankCapture:
     rank: int
     graph: Graph
     values: dict[str, Expr]  # placeholder target (parameter / buffer FQN) -> provenance over the reference
-    numbers: list[NumberUse] = field(default_factory=list)  # the builder's traced numbers torch received
+    numbers: BuilderNumbers = field(default_factory=BuilderNumbers)  # how its builder computed shard numbers
 
 
 @dataclass
@@ -482,7 +482,7 @@ class BuiltRank:
     values: dict[str, Expr]  # parameters' and buffers' relations to the reference
     applied_styles: list[dtensor.AppliedStyle]  # DTensor plan styles applied while building
     placements: list[ModulePlacement]  # the reference modules it holds (not for same-code checks)
-    numbers: list[NumberUse] = field(default_factory=list)  # where the builder's shard numbers were used
+    numbers: BuilderNumbers = field(default_factory=BuilderNumbers)  # how it computed shard numbers
 
 
 class CheckCapture:
@@ -660,7 +660,7 @@ class CheckCapture:
         stage = f"building rank {rank} of {world_size}"
         applied_styles: list[dtensor.AppliedStyle] = []
         held: list[ModulePlacement] = []
-        numbers: list[NumberUse] = []
+        numbers = BuilderNumbers()
         if self.check.same_code_reference:
             reference_values = same_code_values or {}
             module = _build_module(self.build_parallel, stage, tracker)
@@ -674,7 +674,7 @@ class CheckCapture:
                 tracing_numbers(rank, world_size) as (traced_rank, traced_world, uses),
             ):
                 module = _build_module(self.build_parallel, stage, tracker, reference_module, traced_rank, traced_world)
-            numbers = uses.uses
+            numbers = BuilderNumbers(uses.uses)
             if isinstance(module, nn.Module):
                 plain_attributes(module)
         if not isinstance(module, nn.Module):

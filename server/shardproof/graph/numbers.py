@@ -15,7 +15,8 @@ _ORDER = itertools.count()
 @dataclass(frozen=True, eq=False)
 class NumberStep:
     """One number and how it was computed: `op` of `operands` (steps or plain numbers) at `frame`.
-    The origins are the rank and the world size (op "rank" / "world size", no operands)."""
+    The origins are the rank and the world size (op "rank" / "world size", no operands); a plain
+    number the user's code computed without them (a helper's return, a literal) is op "number"."""
 
     value: int | float
     op: str
@@ -25,7 +26,8 @@ class NumberStep:
 
     @property
     def is_origin(self) -> bool:
-        return not self.operands
+        """The rank or the world size: what the builder is given, never what it computed."""
+        return self.op in ("rank", "world size")
 
     def ancestors(self) -> list[NumberStep]:
         """Every step this one was computed from, itself included, each once."""
@@ -63,3 +65,11 @@ class NumberUse:
 
     def step(self, role: str) -> NumberStep | None:
         return next((s for r, s in self.roles if r == role), None)
+
+
+@dataclass
+class BuilderNumbers:
+    """What one rank's builder did with the numbers it computed from the rank and the world size:
+    the torch calls that received them."""
+
+    uses: list[NumberUse] = field(default_factory=list)

@@ -14,6 +14,8 @@ tried in this order, and the first that applies gives the report:
    scaled-gradient       a gradient is the reference's times a constant
    wrong-collective-op   an all-reduce combines proven partial sums with AVG / MAX (or partial
                          maxima with SUM): the op is what to change
+   term-coverage         an all-reduce of the ranks' sums of terms (experts) that does not add
+                         every term of the reference's sum exactly once
 2. duplicate-reduction   an all-reduce of a value already complete, when it is no later than the
                          first broken value (it is what breaks it)
 3. value detectors, at the first broken value, on the first rank where one names a line:
@@ -54,6 +56,7 @@ from .detectors.partial_misuse import partial_misuse
 from .detectors.scaled_gradient import scaled_gradient
 from .detectors.stage_handover import stage_handover
 from .detectors.target_pick_mask import target_pick_mask
+from .detectors.term_coverage import term_coverage
 from .detectors.wrong_constant import wrong_constant
 from .evidence import Evidence
 from .number_origin import relocated
@@ -73,6 +76,7 @@ PROGRAM_DETECTORS = [
     ProgramDetector("missing-gradient", "gradient roles and cuts", missing_gradient),
     ProgramDetector("scaled-gradient", "factors carried outside values", scaled_gradient),
     ProgramDetector("wrong-collective-op", "the relations of all-reduces' inputs and outputs", wrong_collective_op),
+    ProgramDetector("term-coverage", "the terms of the sums all-reduced and of the reference's sums", term_coverage),
 ]
 VALUE_DETECTORS = [
     ValueDetector("stage-handover", "point-to-point sends", stage_handover),

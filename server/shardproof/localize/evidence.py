@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from ..graph.model import Graph
-from ..graph.numbers import NumberUse
+from ..graph.numbers import BuilderNumbers
 from ..relations import expr as px
 from ..verify.encode import CollectiveIssue
 from ..verify.relations_found import RelationIndex
@@ -28,4 +28,4 @@ class Evidence:
     law_targets: frozenset[str] = frozenset()
     # per rank, the torch calls of the parallel builder that received numbers computed from the
     # rank or the world size (capture/numbers.py): where shard offsets and sizes came from
-    rank_numbers: list[list[NumberUse]] = field(default_factory=list)
+    rank_numbers: list[BuilderNumbers] = field(default_factory=list)

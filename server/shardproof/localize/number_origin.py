@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph.model import Frame
-from ..graph.numbers import Bound, NumberStep, NumberUse
+from ..graph.numbers import Bound, BuilderNumbers, NumberStep, NumberUse
 from ..results import Discrepancy
+from .plain_numbers import plain_operands
 from .sites import Line, line_of, to_site
 
 
@@ -45,11 +46,11 @@ class _Cut:
     size: int  # the cut dim's size
 
 
-def cuts_at(rank_numbers: list[list[NumberUse]], line: Line, size: int | None = None) -> dict[int, list[_Cut]]:
+def cuts_at(rank_numbers: list[BuilderNumbers], line: Line, size: int | None = None) -> dict[int, list[_Cut]]:
     """Per rank, the cuts made at `line` (of a dim of `size`, when given)."""
     found: dict[int, list[_Cut]] = {}
-    for rank, uses in enumerate(rank_numbers):
-        for use in uses:
+    for rank, numbers in enumerate(rank_numbers):
+        for use in numbers.uses:
             if use.cut is None or use.dim is None or use.frame is None or line_of(use.frame) != line:
                 continue
             if not -len(use.shape) <= use.dim < len(use.shape):
@@ -60,11 +61,11 @@ def cuts_at(rank_numbers: list[list[NumberUse]], line: Line, size: int | None = 
     return found
 
 
-def cut_lines(rank_numbers: list[list[NumberUse]], held: dict[int, tuple[int, int]], size: int) -> list[Line]:
+def cut_lines(rank_numbers: list[BuilderNumbers], held: dict[int, tuple[int, int]], size: int) -> list[Line]:
     """The lines whose cuts of a dim of `size` hold exactly `held` (rank -> [start, end)) on every
     rank listed: where a layout of ranges came from."""
     lines: list[Line] = []
-    candidates = {line_of(u.frame) for uses in rank_numbers for u in uses if u.cut is not None and u.frame is not None}
+    candidates = {line_of(u.frame) for n in rank_numbers for u in n.uses if u.cut is not None and u.frame is not None}
     for line in sorted(candidates):
         cuts = cuts_at(rank_numbers, line, size)
         if held and all(any(_range_now(c) == held[r] for c in cuts.get(r, [])) for r in held):
@@ -73,7 +74,7 @@ def cut_lines(rank_numbers: list[list[NumberUse]], held: dict[int, tuple[int, in
 
 
 def number_origin(
-    rank_numbers: list[list[NumberUse]], line: Line, held: dict[int, tuple[int, int]] | None = None
+    rank_numbers: list[BuilderNumbers], line: Line, held: dict[int, tuple[int, int]] | None = None
 ) -> NumberOrigin | None:
     """The computation to change for the cuts at `line` (None: the cut itself, or nothing traced).
     `held`: the ranges the ranks' cuts are known to hold (chooses among several cuts at the line)."""
@@ -99,7 +100,7 @@ def number_origin(
 
 
 def relocated(
-    found: Discrepancy, rank_numbers: list[list[NumberUse]], held: dict[int, tuple[int, int]] | None = None
+    found: Discrepancy, rank_numbers: list[BuilderNumbers], held: dict[int, tuple[int, int]] | None = None
 ) -> Discrepancy:
     """A discrepancy reported at a cut moved to where the cut's numbers were computed, when that
     is another line (the cut stays as related information)."""
@@ -139,8 +140,14 @@ def _steps(bound: Bound) -> list[NumberStep]:
     return bound.ancestors() if isinstance(bound, NumberStep) else []
 
 
-def _evaluate(bound: Bound, changed: set[int], value: np.ndarray, memo: dict[int, object]) -> object:
-    """The bound's value with every step in `changed` (by identity) replaced by `value`."""
+Substitutions = dict[int, dict[int, NumberStep]]  # id(step) -> operand index -> the plain number's step
+
+
+def _evaluate(
+    bound: Bound, changed: set[int], value: np.ndarray, memo: dict[int, object], subs: Substitutions | None = None
+) -> object:
+    """The bound's value with every step in `changed` (by identity) replaced by `value`; a plain
+    operand with a step in `subs` is read through that step."""
     if not isinstance(bound, NumberStep):
         return bound
     key = id(bound)
@@ -148,11 +155,13 @@ def _evaluate(bound: Bound, changed: set[int], value: np.ndarray, memo: dict[int
         return memo[key]
     if key in changed:
         result: object = value
-    elif bound.is_origin:
+    elif not bound.operands:
         result = float(bound.value)
     else:
+        own = (subs or {}).get(key, {})
         operands = [
-            _evaluate(o, changed, value, memo) if isinstance(o, NumberStep) else float(o) for o in bound.operands
+            _evaluate(own.get(i, o), changed, value, memo, subs) if isinstance(own.get(i, o), NumberStep) else float(o)
+            for i, o in enumerate(bound.operands)
         ]
         result = _apply(bound.op, operands)
     memo[key] = result
@@ -199,15 +208,17 @@ def _apply(op: str, operands: list[object]) -> object:
     return np.full(np.shape(a), np.nan)
 
 
-def _range_of(cut: _Cut, changed: set[int], value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _range_of(
+    cut: _Cut, changed: set[int], value: np.ndarray, subs: Substitutions | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """[start, end) of the cut for every candidate value (Python's slice clamping; a narrow out of
     bounds is no range at all: start = end = -1)."""
     assert cut.use.cut is not None
     kind, first, second = cut.use.cut
     memo: dict[int, object] = {}
     n = float(cut.size)
-    a = np.broadcast_to(np.asarray(_evaluate(first, changed, value, memo), dtype=float), value.shape)
-    b = np.broadcast_to(np.asarray(_evaluate(second, changed, value, memo), dtype=float), value.shape)
+    a = np.broadcast_to(np.asarray(_evaluate(first, changed, value, memo, subs), dtype=float), value.shape)
+    b = np.broadcast_to(np.asarray(_evaluate(second, changed, value, memo, subs), dtype=float), value.shape)
     if kind == "narrow":
         start = np.where(a < 0, a + n, a)
         end = start + b
@@ -216,6 +227,11 @@ def _range_of(cut: _Cut, changed: set[int], value: np.ndarray) -> tuple[np.ndarr
     start = np.zeros_like(value, dtype=float) if first is None else np.clip(np.where(a < 0, a + n, a), 0, n)
     end = np.full(value.shape, n) if second is None else np.clip(np.where(b < 0, b + n, b), 0, n)
     bad = ~np.isfinite(start + end) | (start != np.floor(start)) | (end != np.floor(end))
+    # a bound the code computes as a position stays one: counting from the end (a negative
+    # index) is another way of cutting, not a value the code's number could take
+    for bound, raw in ((first, a), (second, b)):
+        if isinstance(bound, NumberStep) and bound.value >= 0:
+            bad |= raw < 0
     end = np.maximum(end, start)
     return np.where(bad, -1.0, start), np.where(bad, -1.0, end)
 
@@ -236,11 +252,18 @@ def _point(step: NumberStep) -> tuple[object, ...] | None:
     return (f.file, f.line, f.column, f.end_column, step.op)
 
 
-def _by_tiling(rank_numbers: list[list[NumberUse]], chosen: dict[int, _Cut]) -> NumberStep | None:
+def _by_tiling(rank_numbers: list[BuilderNumbers], chosen: dict[int, _Cut]) -> NumberStep | None:
     steps: dict[tuple[object, ...], dict[int, list[NumberStep]]] = {}
+    subs: Substitutions = {}
     for rank, cut in chosen.items():
         assert cut.use.cut is not None
-        for step in {id(s): s for b in cut.use.cut[1:] for s in _steps(b)}.values():
+        derivation = {id(s): s for b in cut.use.cut[1:] for s in _steps(b)}
+        for step in list(derivation.values()):
+            plain = plain_operands(step)
+            if plain:
+                subs[id(step)] = plain
+                derivation.update({id(p): p for p in plain.values()})
+        for step in derivation.values():
             point = _point(step)
             if point is not None:
                 steps.setdefault(point, {}).setdefault(rank, []).append(step)
@@ -254,13 +277,13 @@ def _by_tiling(rank_numbers: list[list[NumberUse]], chosen: dict[int, _Cut]) -> 
     # did not (every rank cuts the same block) may take a value per rank.
     for per_rank_values in (False, True):
         for point in usable:
-            if _tiles_when_changed(chosen, steps[point], domain, size, per_rank_values):
+            if _tiles_when_changed(chosen, steps[point], domain, size, per_rank_values, subs):
                 return next(iter(steps[point].values()))[0]
     return None
 
 
 def _only_feeds_this_cut(
-    rank_numbers: list[list[NumberUse]], chosen: dict[int, _Cut], per_rank: dict[int, list[NumberStep]]
+    rank_numbers: list[BuilderNumbers], chosen: dict[int, _Cut], per_rank: dict[int, list[NumberStep]]
 ) -> bool:
     """Changing the number changes nothing but cuts of the same block (the loader cuts every
     parameter of a layer with one start and end): a number that also sizes something else is
@@ -268,7 +291,7 @@ def _only_feeds_this_cut(
     for rank, changed in per_rank.items():
         ids = {id(s) for s in changed}
         expected = _range_now(chosen[rank])
-        for use in rank_numbers[rank]:
+        for use in rank_numbers[rank].uses:
             if not any(id(s) in ids for _, step in use.roles for s in step.ancestors()):
                 continue
             if use.cut is None or use.dim is None or not -len(use.shape) <= use.dim < len(use.shape):
@@ -284,12 +307,13 @@ def _tiles_when_changed(
     domain: np.ndarray,
     size: int,
     per_rank_values: bool = False,
+    subs: Substitutions | None = None,
 ) -> bool:
     reads_rank = per_rank_values or any(s.reads_rank() for steps in per_rank.values() for s in steps)
     ranges = {}
     for rank, cut in chosen.items():
         changed = {id(s) for s in per_rank.get(rank, [])}
-        ranges[rank] = _range_of(cut, changed, domain)
+        ranges[rank] = _range_of(cut, changed, domain, subs)
     ranks = sorted(ranges)
     if not reads_rank:
         # one value for every rank: the ranks' blocks follow each other for some value

@@ -48,6 +48,10 @@ class SumForms:
             return self.terms[value]
         return () if value in self.zeros else (value,)
 
+    def maximal_chains(self) -> dict[str, tuple[str, ...]]:
+        """Each maximal chain (an opened addition no other opened addition consumes): its terms."""
+        return {term: parts for term, parts in self.terms.items() if term not in self._inner}
+
     def chain_facts(self) -> list[str]:
         """Each maximal chain equals the sum of its terms (nothing for one plain addition of two
         terms, which says that already)."""
