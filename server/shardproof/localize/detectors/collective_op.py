@@ -24,6 +24,7 @@ from ..wording import describe_op
 _NEEDED = {"psum": "sum", "pmax": "max"}
 _SPELLED = {"sum": "SUM", "avg": "AVG", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
 _REDUCING = ("all_reduce", "reduce_scatter")
+# (a `frac` output is a share of the value: an AVG of partial sums is the value over the group size)
 # ops whose every output entry is one input entry: they commute with any elementwise reduction
 _INDEX_MAPS = ("view", "permute", "slice", "expand")
 _DEPTH = 8
@@ -50,8 +51,8 @@ def wrong_collective_op(ctx: Context, failing_outputs: list[int]) -> Discrepancy
             if node.op not in _REDUCING or coll is None or len(coll.group) <= 1:
                 continue
             used = coll.reduce_op or "sum"
-            if ctx.is_related(rank, node.id):
-                continue  # it computes (part of) a reference value: whatever its op, it is right
+            if any(rel.kind != "frac" for rel, _ in ctx.index.relations_of_rank_value(rank, node.id)):
+                continue  # it computes a reference value or its block: whatever its op, it is right
             parts = parts_of(ctx, rank, node.inputs[0])
             if parts is None or _NEEDED[parts.relation.kind] == used:
                 continue
