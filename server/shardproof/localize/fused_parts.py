@@ -104,7 +104,7 @@ def _leading_factor(source: tuple[int, ...], viewed: tuple[int, ...]) -> tuple[i
     while end < len(viewed) and count * rest < source[dim]:
         rest *= viewed[end]
         end += 1
-    if count * rest != source[dim] or viewed[end:] != source[dim + 1 :]:
+    if count * rest != source[dim] or _without_units(viewed[end:]) != _without_units(source[dim + 1 :]):
         return None
     return dim, count
 
@@ -135,6 +135,10 @@ def _slices_along(nodes: list[Node], source: str, dim: int, ndim: int) -> list[t
         if n.op == "slice" and n.inputs and n.inputs[0] == source and _dim(n, ndim) == dim
     }
     return sorted(ranges)
+
+
+def _without_units(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(size for size in shape if size != 1)
 
 
 def _dim(node: Node, ndim: int) -> int | None:
