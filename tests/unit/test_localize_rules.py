@@ -9,11 +9,12 @@
 
 from __future__ import annotations
 
-from shardproof.graph.model import Collective, Graph, Node, Placeholder, TensorMeta
+from shardproof.graph.model import Collective, Frame, Graph, Node, Placeholder, SourceSite, TensorMeta
 from shardproof.localize.context import Context
 from shardproof.localize.detectors.collective_op import wrong_collective_op
 from shardproof.localize.evidence import Evidence
-from shardproof.localize.fused_parts import OneBlockOfParts, _leading_factor, one_block_of_parts
+from shardproof.localize.fused_parts import OneBlockOfParts, _leading_factor, cut_by_the_user, one_block_of_parts
+from shardproof.relations import expr as px
 from shardproof.verify.engine import Facts
 from shardproof.verify.relations_found import RelationIndex
 
@@ -169,3 +170,20 @@ def test_one_block_viewed_into_parts_is_found() -> None:
     ctx = _context(reference, ranks, facts)
     found = one_block_of_parts(ctx, ctx.ref_nodes["heads"], ctx.rank_nodes[1]["heads"], 1, "fused")
     assert found == OneBlockOfParts(dim=2, block=(24, 48), parts=((0, 16), (16, 32), (32, 48)))
+
+
+def test_only_a_cut_a_user_line_made_is_blamed_for_the_layout() -> None:
+    """A block cut by the user's code is the user's to change; a block cut inside a library's
+    loader, or sized by the same code at world size 1 (no line cut it), is a layout to follow."""
+    user = Frame("model.py", 12, "__init__", "w.chunk(2)[rank]")
+    library = Frame("site-packages/megatron/layers.py", 400, "__init__", library="megatron")
+
+    def weight_cut(*frames: Frame) -> dict[str, px.Expr]:
+        source = px.ParamRef(shape=(32, 16), dtype=F32, name="wqkv.weight")
+        site = SourceSite(frames) if frames else None
+        return {"wqkv.weight": px.SliceOf(shape=(16, 16), dtype=F32, source=source, dim=0, start=16, end=32, site=site)}
+
+    ctx = _fused_split([((0, 16),), ((16, 32),)])
+    for values, by_user in [(weight_cut(user), True), (weight_cut(user, library), False), (weight_cut(), False)]:
+        ctx.ev.rank_values[1] = values
+        assert cut_by_the_user(ctx, 1, frozenset({"wqkv.weight"})) is by_user

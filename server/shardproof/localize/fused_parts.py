@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..graph.model import Node
+from ..relations import expr as px
 from .blame import blocked_tiling
 from .context import Context
 
@@ -125,6 +126,24 @@ def sharded_parameters(ctx: Context, rank: int, value: str, depth: int = 8) -> f
                 following.extend(i for i in node.inputs if not ctx._is_replicated(rank, i))
         frontier = following
     return frozenset(found)
+
+
+def cut_by_the_user(ctx: Context, rank: int, parameters: frozenset[str]) -> bool:
+    """Whether a user line cut one of these parameters (a slice in its provenance made outside any
+    installed library). A block no user line cut is a layout the user's code must follow: the
+    same code at world size 1 sizing its own parameters, or a library's loader (Megatron's
+    ColumnParallelLinear takes a contiguous block of rows and documents its per-head layout)."""
+    for target in parameters:
+        expr = ctx.ev.rank_values[rank].get(target)
+        for made in _walk(expr) if expr is not None else []:
+            frames = made.site.frames if isinstance(made, px.SliceOf) and made.site is not None else ()
+            if frames and frames[-1].library is None:
+                return True
+    return False
+
+
+def _walk(expr: px.Expr) -> list[px.Expr]:
+    return [expr, *(inner for child in px.children(expr) for inner in _walk(child))]
 
 
 def _slices_along(nodes: list[Node], source: str, dim: int, ndim: int) -> list[tuple[int, int]]:

@@ -9,7 +9,7 @@ from ...graph.model import Node
 from ...results import Discrepancy, Unsupported
 from ...verify.relations_found import ranges_text
 from ..context import Context
-from ..fused_parts import one_block_of_parts, sharded_parameters
+from ..fused_parts import cut_by_the_user, one_block_of_parts, sharded_parameters
 from ..sites import to_site
 from ..wording import describe_op
 
@@ -34,16 +34,19 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
     if not wrong:
         return None
     k, ref_value, value = wrong[0]
-    # A fused value's one block split into its parts: the block is proper, yet the cut is wrong.
+    # A fused value's one block split into its parts: the block is proper, yet its cut is wrong.
     one_block = one_block_of_parts(ctx, ref_node, aligned, rank, value) if proper_shards else None
-    handover = ctx.handover_frame(ctx.rank_node(rank, value), aligned) if proper_shards and not one_block else None
-    if handover is not None:
+    suspects = sharded_parameters(ctx, rank, value) if one_block else frozenset()
+    cut = ctx.blame(rank, value, suspects=suspects) if cut_by_the_user(ctx, rank, suspects) else None
+    handover = ctx.handover_frame(ctx.rank_node(rank, value), aligned) if proper_shards else None
+    if cut is not None and cut[0] is not None and cut[1] in _CUTS:
+        culprit_site, how = cut[0], "one-block"
+    elif handover is not None:
         # A proper shard that reached an op needing another layout: it was computed right and
         # passed on unconverted (a missing gather), so the fix is where it was passed on.
         culprit_site, how = to_site(handover), "handover"
     else:
-        suspects = sharded_parameters(ctx, rank, value) if one_block else frozenset()
-        culprit_site, how = ctx.blame(rank, value, suspects=suspects)
+        culprit_site, how = ctx.blame(rank, value)
     if how.startswith("unsupported:") or (aligned.op == "generic" and not ctx._followed(aligned)):
         op = how.removeprefix("unsupported:") if how.startswith("unsupported:") else describe_op(aligned)
         return Unsupported(
@@ -66,8 +69,6 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
         kind = "unrelated-parameter"
     if how in ("handover", "layout"):
         kind = "wrong-layout"
-    if one_block is not None and how in _CUTS:
-        how = "one-block"
     where = ctx.rank_site(aligned).short() if aligned.site else "?"
     message = (
         f"rank {rank} applies the {describe_op(aligned)} at {where} to {found}, where the reference uses "
