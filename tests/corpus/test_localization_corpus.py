@@ -32,11 +32,6 @@ SIZES = {check["name"]: check["world-sizes"] for check in checks(CORPUS)}
 # off this list, so the list only shrinks.
 KNOWN_MISSES: dict[str, str] = {
     # helper: reported where the helper's number is used, never at the helper
-    # fused: reported at the builder's constructor call or at the split of the fused output
-    "phi3-gate-up-one-block": "wrong-layout at models.py:57, the reference's chunk of gate_up_proj's output",
-    "wqkv-one-block": "wrong-layout at fused.py:63, the split of the wqkv output",
-    # collective: reported at the linear producing the partial sums (or the builder), not the collective
-    "reduce-scatter-max": "verdict unproven (no discrepancy), its finding at collectives.py:117",
     # constant: reported where the constant is used, not where it is computed
     "attention-scale-local-width": "wrong-layout at constants.py:20, the einsum that uses the scale",
     "attention-scale-local-heads": "wrong-layout at constants.py:20, the einsum that uses the scale",

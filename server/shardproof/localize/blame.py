@@ -16,12 +16,15 @@ from .wording import describe_op
 class Blame:
     """Mixed into `Context` (context.py): `self` is the localizer's context."""
 
-    def blame(self, rank: int, value: str, depth: int = 0) -> tuple[Site | None, str]:
-        """Walk back from a wrong rank value to where its wrongness was introduced."""
+    def blame(
+        self, rank: int, value: str, depth: int = 0, suspects: frozenset[str] = frozenset()
+    ) -> tuple[Site | None, str]:
+        """Walk back from a wrong rank value to where its wrongness was introduced (`suspects`:
+        parameters whose cuts are known wrong, so their lines are never innocent)."""
         if depth > 40:
             return None, "depth"
         if value in self.rank_placeholders[rank]:
-            return self.provenance_blame(rank, value)
+            return self.provenance_blame(rank, value, suspects)
         node = self.rank_node(rank, value)
         if node is None:
             return None, "unknown"
@@ -38,14 +41,14 @@ class Blame:
                 # A gathered buffer (the ranks' pieces stacked along dim 0) is rarely a value the
                 # reference has; what this op makes of it is where a wrong regrouping happens.
                 return self.rank_site(node), "after-gather"
-            return self.blame(rank, unrelated_inputs[0], depth + 1)
+            return self.blame(rank, unrelated_inputs[0], depth + 1, suspects)
         if self._scatters_selection(rank, node):
             # Contiguous pieces joined into a scattered selection (tiled instead of interleaved
             # heads): related, but in a layout the reference never has. Formed here.
             return self.rank_site(node, "the pieces are joined in this order here"), "layout"
         sharded = [v for v in node.inputs if not self._is_replicated(rank, v)]
         if sharded:
-            return self.blame(rank, sharded[-1], depth + 1)
+            return self.blame(rank, sharded[-1], depth + 1, suspects)
         return self.rank_site(node), "node"
 
     def _scatters_selection(self, rank: int, node: Node) -> bool:
@@ -81,7 +84,9 @@ class Blame:
         site, _ = self.provenance_blame(rank, value)
         return site
 
-    def provenance_blame(self, rank: int, value: str) -> tuple[Site | None, str]:
+    def provenance_blame(
+        self, rank: int, value: str, suspects: frozenset[str] = frozenset()
+    ) -> tuple[Site | None, str]:
         placeholder = self.rank_placeholders[rank][value]
         expr = self.ev.rank_values[rank].get(placeholder.target)
         if expr is None:
@@ -91,7 +96,7 @@ class Blame:
             leaf = problems[0]
             return to_site(pick_frame(leaf.site, self.ref_lines)), "unrelated-parameter"
         # (its own slice tiling its source proves nothing: a fused weight cut as one block tiles it)
-        innocent = self._consistent_provenance_lines(besides=placeholder.target)
+        innocent = self._consistent_provenance_lines(besides={placeholder.target, *suspects})
         inconsistent = self._inconsistent_slices(placeholder.target)
         if inconsistent is not None:
             return to_site(pick_frame(inconsistent.site, innocent), "this slice is taken per rank"), "provenance-slice"
@@ -122,12 +127,12 @@ class Blame:
                     return slices[0]  # every rank takes the same 1/n block: nobody holds the rest
         return None
 
-    def _consistent_provenance_lines(self, besides: str | None = None) -> set[Line]:
-        """Lines that made correctly tiled slices for some parameter other than `besides`:
+    def _consistent_provenance_lines(self, besides: set[str] | None = None) -> set[Line]:
+        """Lines that made correctly tiled slices for some parameter not in `besides`:
         helpers, innocent."""
         lines: set[Line] = set()
         targets = set(self.ev.rank_values[0]) if self.ev.rank_values else set()
-        for target in targets - {besides}:
+        for target in targets - (besides or set()):
             per_rank = [values.get(target) for values in self.ev.rank_values]
             if any(e is None for e in per_rank):
                 continue

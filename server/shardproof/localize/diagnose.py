@@ -12,8 +12,9 @@ tried in this order, and the first that applies gives the report:
    missing-layers        a pipeline's stages skip or repeat the reference's layers (stages.py)
    missing-gradient      a rank computes no gradient for a parameter the reference trains
    scaled-gradient       a gradient is the reference's times a constant
-   wrong-collective-op   an all-reduce combines proven partial sums with AVG / MAX (or partial
-                         maxima with SUM): the op is what to change
+   wrong-collective-op   an all-reduce or reduce-scatter combines proven partial sums (maybe
+                         rearranged alike on every rank) with AVG / MAX (or partial maxima with
+                         SUM): the op is what to change
    term-coverage         an all-reduce of the ranks' sums of terms (experts) that does not add
                          every term of the reference's sum exactly once
 2. duplicate-reduction   an all-reduce of a value already complete, when it is no later than the
@@ -75,7 +76,9 @@ PROGRAM_DETECTORS = [
     ),
     ProgramDetector("missing-gradient", "gradient roles and cuts", missing_gradient),
     ProgramDetector("scaled-gradient", "factors carried outside values", scaled_gradient),
-    ProgramDetector("wrong-collective-op", "the relations of all-reduces' inputs and outputs", wrong_collective_op),
+    ProgramDetector(
+        "wrong-collective-op", "the relations of reducing collectives' inputs and outputs", wrong_collective_op
+    ),
     ProgramDetector("term-coverage", "the terms of the sums all-reduced and of the reference's sums", term_coverage),
 ]
 VALUE_DETECTORS = [

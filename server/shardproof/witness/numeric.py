@@ -38,6 +38,7 @@ from ..capture.dtensor import global_values
 from ..capture.fake_pg import keep_excepthook
 from ..config import declared_blocks, declared_dim
 from .compare import RELATIVE_TOLERANCE, Difference, NumericComparison, compare_runs, difference, tolerance_of
+from .threaded_collectives import complete_threaded_collectives
 from .trials import SEEDS, input_trials
 
 __all__ = [
@@ -119,7 +120,9 @@ def _threaded_world() -> Iterator[Any]:
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     world = multi_threaded_pg._install_threaded_pg()
     try:
-        yield dist.HashStore()
+        # (reduce-scatter with MAX, reduce: what the threaded group lacks, emulated exactly)
+        with complete_threaded_collectives():
+            yield dist.HashStore()
     finally:
         multi_threaded_pg._uninstall_threaded_pg()
         torch._C._distributed_c10d._set_thread_isolation_mode(False)

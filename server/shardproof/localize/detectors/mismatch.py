@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from ...graph.model import Node
 from ...results import Discrepancy, Unsupported
+from ...verify.relations_found import ranges_text
 from ..context import Context
+from ..fused_parts import cut_by_the_user, one_block_of_parts, sharded_parameters
 from ..sites import to_site
 from ..wording import describe_op
+
+# how `Blame.blame` names the line that cut a rank's block (a parameter's load, a per-rank slice)
+_CUTS = ("provenance", "provenance-slice", "rank-dependent-slice")
 
 
 def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupported | None:
@@ -29,8 +34,14 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
     if not wrong:
         return None
     k, ref_value, value = wrong[0]
+    # A fused value's one block split into its parts: the block is proper, yet its cut is wrong.
+    one_block = one_block_of_parts(ctx, ref_node, aligned, rank, value) if proper_shards else None
+    suspects = sharded_parameters(ctx, rank, value) if one_block else frozenset()
+    cut = ctx.blame(rank, value, suspects=suspects) if cut_by_the_user(ctx, rank, suspects) else None
     handover = ctx.handover_frame(ctx.rank_node(rank, value), aligned) if proper_shards else None
-    if handover is not None:
+    if cut is not None and cut[0] is not None and cut[1] in _CUTS:
+        culprit_site, how = cut[0], "one-block"
+    elif handover is not None:
         # A proper shard that reached an op needing another layout: it was computed right and
         # passed on unconverted (a missing gather), so the fix is where it was passed on.
         culprit_site, how = to_site(handover), "handover"
@@ -77,6 +88,15 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
             "split (scattered) before the gather, or the gather is one too many"
         )
         how = "gather-of-whole"
+    if how == "one-block":
+        assert one_block is not None
+        message = (
+            f"rank {rank} holds one contiguous block {ranges_text((one_block.block,))} of "
+            f"{ctx.ref_value_name(ref_value)} along dim {one_block.dim}, which the reference splits into "
+            f"{len(one_block.parts)} parts {ranges_text(one_block.parts)}; the rank splits its block alike at "
+            f"{where}, so its parts are not blocks of the reference's parts"
+        )
+        expected = f"input {k} of the {describe_op(ref_node)} holds this rank's block of each of the parts"
     return Discrepancy(
         kind=kind,
         message=message,
@@ -91,6 +111,9 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
             "this rank's value is a proper shard, but not in the layout this operation needs: fix the line "
             "that passes it on (a missing gather, or a view in the wrong layout)"
             if how == "handover"
+            else f"cut each of the {len(one_block.parts)} parts on its own: this rank takes its block of every part "
+            "and joins them in the reference's order"
+            if how == "one-block" and one_block is not None
             else "scatter the value before this gather (each rank keeps its slice), or drop the gather"
             if how == "gather-of-whole"
             else "join the pieces in the order the reference's layout has (each copy next to its source, "
