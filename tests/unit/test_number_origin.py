@@ -205,3 +205,39 @@ def test_a_plain_number_a_helper_returns_is_blamed_at_its_return() -> None:
 def test_a_hard_coded_number_is_blamed_at_its_assignment() -> None:
     found = _blamed(_record(cut_hard_coded, 3), cut_hard_coded, "return weight[rank * rows")
     assert found is not None and found[2] == "rows = 8  # wrong: written for another world size"
+
+
+# -- constants --------------------------------------------------------------------------------------
+
+
+def _constant(builder, world_size: int):
+    with tracing_numbers(0, world_size) as (rank, traced_world, _uses):
+        return builder(rank, traced_world)
+
+
+def scale_from_local_width(rank, world_size):
+    q_size = 32 // world_size  # this rank's width: right as a share
+    return 1.0 / math.sqrt(q_size)  # wrong: the scale is 1 / sqrt(head dim)
+
+
+def scale_from_local_heads(rank, world_size):
+    heads = 4 // world_size
+    head_dim = 32 // heads  # wrong: the head dim divides by every head, not this rank's
+    return head_dim**-0.5
+
+
+def divisor_from_local_width(rank, world_size):
+    return 32 // world_size  # right as the local width; wrong only where it divides a full sum
+
+
+def test_a_constant_is_blamed_at_the_computation_that_makes_it_wrong_never_at_a_share() -> None:
+    from shardproof.localize.constant_origin import constant_origin
+
+    scale = _constant(scale_from_local_width, 2)
+    blamed = constant_origin(scale.step, 8**-0.5)
+    assert blamed is not None and blamed.frame.code.startswith("return 1.0 / math.sqrt(q_size)")
+    scale = _constant(scale_from_local_heads, 2)
+    blamed = constant_origin(scale.step, 8**-0.5)
+    assert blamed is not None and blamed.frame.code.startswith("head_dim = 32 // heads")
+    # only the share could give 32: the share is right, its use is what to change
+    assert constant_origin(_constant(divisor_from_local_width, 2).step, 32) is None

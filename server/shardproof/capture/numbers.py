@@ -34,7 +34,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..graph.model import Frame
-from ..graph.numbers import Bound, NumberStep, NumberUse
+from ..graph.numbers import AttributeNumber, Bound, NumberStep, NumberUse
 from .frames import _frame_positions, is_user_file, library_of
 
 # -- traced numbers ------------------------------------------------------------------------------
@@ -372,14 +372,22 @@ def _module_list_cuts(into: list[NumberUse]) -> Iterator[None]:
             cls.__getitem__ = original  # type: ignore[method-assign]
 
 
-def plain_attributes(module: torch.nn.Module) -> None:
+def plain_attributes(module: torch.nn.Module) -> list[AttributeNumber]:
     """Turn the traced numbers a built module keeps (`self.start = start`) into plain ones, so the
-    forward is captured exactly as it would run."""
+    forward is captured exactly as it would run; the numbers kept directly as attributes are
+    returned with their derivations."""
+    kept: dict[tuple[str, str, str], AttributeNumber] = {}
     for sub in module.modules():
+        cls = type(sub)
+        file = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
         for name, value in list(vars(sub).items()):
+            if isinstance(value, TracedInt | TracedFloat) and _is_users(file):
+                key = (file, cls.__qualname__, name)
+                kept.setdefault(key, AttributeNumber(*key, value.step))
             plain = _plain_deep(value)
             if plain is not value:
                 object.__setattr__(sub, name, plain)
+    return list(kept.values())
 
 
 def _plain_deep(value: Any, depth: int = 0) -> Any:

@@ -676,7 +676,7 @@ class CheckCapture:
                 module = _build_module(self.build_parallel, stage, tracker, reference_module, traced_rank, traced_world)
             numbers = BuilderNumbers(uses.uses)
             if isinstance(module, nn.Module):
-                plain_attributes(module)
+                numbers.attributes = plain_attributes(module)
         if not isinstance(module, nn.Module):
             raise UserCodeError(
                 f"the parallel builder returned {type(module).__name__} for rank {rank}, not an nn.Module"

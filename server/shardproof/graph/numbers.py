@@ -67,9 +67,24 @@ class NumberUse:
         return next((s for r, s in self.roles if r == role), None)
 
 
+@dataclass(frozen=True)
+class AttributeNumber:
+    """A traced number the built module keeps as an attribute (`self.scale = head_dim ** -0.5`),
+    by the class that holds it: the forward reads it as a plain constant."""
+
+    file: str  # where the class is defined
+    cls: str
+    attribute: str
+    step: NumberStep
+
+
 @dataclass
 class BuilderNumbers:
     """What one rank's builder did with the numbers it computed from the rank and the world size:
-    the torch calls that received them."""
+    the torch calls that received them, and the attributes the built module keeps."""
 
     uses: list[NumberUse] = field(default_factory=list)
+    attributes: list[AttributeNumber] = field(default_factory=list)
+
+    def attribute(self, file: str, cls: str, attribute: str) -> NumberStep | None:
+        return next((a.step for a in self.attributes if (a.file, a.cls, a.attribute) == (file, cls, attribute)), None)

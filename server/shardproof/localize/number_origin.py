@@ -313,7 +313,13 @@ def _tiles_when_changed(
     ranges = {}
     for rank, cut in chosen.items():
         changed = {id(s) for s in per_rank.get(rank, [])}
-        ranges[rank] = _range_of(cut, changed, domain, subs)
+        start, end = _range_of(cut, changed, domain, subs)
+        shares = [share_of(s) for s in per_rank.get(rank, [])]
+        if shares and shares[0] is not None:
+            # a per-rank share (n // world size) is right as a share: only its rounding may be wrong
+            rounding = np.abs(domain - shares[0]) < 1
+            start, end = np.where(rounding, start, -1.0), np.where(rounding, end, -1.0)
+        ranges[rank] = (start, end)
     ranks = sorted(ranges)
     if not reads_rank:
         # one value for every rank: the ranks' blocks follow each other for some value
@@ -359,6 +365,18 @@ def _by_block_index(chosen: dict[int, _Cut]) -> NumberStep | None:
         elif _point(found) != _point(latest):
             return None
     return found if len(widths) == 1 and 0 not in widths else None
+
+
+def share_of(step: NumberStep) -> float | None:
+    """n / world size when the step divides n by the world size itself (`n // world_size`): a
+    per-rank share."""
+    if step.op not in ("//", "/") or len(step.operands) != 2:
+        return None
+    dividend, divisor = step.operands
+    if not isinstance(divisor, NumberStep) or divisor.op != "world size":
+        return None
+    value = dividend.value if isinstance(dividend, NumberStep) else dividend
+    return float(value) / float(divisor.value)
 
 
 def _widest_on_line(step: NumberStep, chosen: dict[int, _Cut]) -> Frame:

@@ -1253,6 +1253,7 @@ def _negated_inside(g: Gen, not_negation: bool) -> dict[str, Any]:
 
 
 instance_and_near_miss("not-inside-is-outside", _negated_inside)
+instance_and_near_miss("arithmetic-local-ids-filled", _negated_inside)
 
 
 @instance("negation-of-viewed-mask")

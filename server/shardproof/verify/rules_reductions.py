@@ -102,6 +102,14 @@ _rule(
     '(rule ((inside m I s e) (= l (Bin "mul" m (Bin "sub" I (ScI "mul" m s))))) ((localids l I s e)))',
 )
 _rule(
+    "arithmetic-local-ids-filled",
+    "embedding",
+    "ids - s * mask zeroed outside the inside mask of [s, e) is ids - s inside and 0 outside: the local ids "
+    "(vLLM's mask * (ids - s * mask), its product by the boolean mask written as that fill)",
+    '(rule ((inside m I s e) (= l (Fill (Bin "sub" I (ScI "mul" m s)) n "0.0")) (= n (Un f m)) (negation f)) '
+    "((localids l I s e)))",
+)
+_rule(
     "local-lookup-reads-its-rows",
     "embedding",
     "local ids of [s, e) are in [0, e - s): a lookup in a longer table (a vocabulary shard padded to a "
