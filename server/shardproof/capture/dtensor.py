@@ -52,9 +52,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..graph.model import Frame
+from ..graph.model import Frame, PlanLayouts
 from ..relations.expr import CatOf, Expr, SliceOf
 from .frames import library_of, live_user_frames
+from .plan_layouts import layouts_of, merged
 
 _LOCAL_TENSOR_SUFFIX = ".original0"
 _registered = False
@@ -373,6 +374,7 @@ class AppliedStyle:
     style: str
     call: Frame  # the user's line that applied the plan
     written_by_user: bool  # torch plans are the user's dict; a model's built-in plan is not
+    layouts: PlanLayouts | None = None  # what the style declares of the module's activations
 
 
 def local_storage(tensor: object) -> int:
@@ -432,7 +434,7 @@ def recording_plan_entries() -> Iterator[list[AppliedStyle]]:
             def _apply(style: object, module: nn.Module, device_mesh: object) -> object:
                 call = user_call()
                 if call is not None:
-                    recorded.append(AppliedStyle(module, type(style).__name__, call, True))
+                    recorded.append(AppliedStyle(module, type(style).__name__, call, True, layouts_of(style)))
                 return original(style, module, device_mesh)
 
             return _apply
@@ -449,10 +451,12 @@ def recording_plan_entries() -> Iterator[list[AppliedStyle]]:
         def apply_tensor_parallelism(model: nn.Module, tp_mesh: object, tp_plan: dict[str, str]) -> object:
             call = user_call()
             modules = dict(model.named_modules())
+            styles = getattr(hf_parallel, "ALL_PARALLEL_STYLES", {})
             for name, style in tp_plan.items():
                 owner = modules.get(name) or modules.get(name.rpartition(".")[0])
                 if call is not None and owner is not None:
-                    recorded.append(AppliedStyle(owner, style, call, False))
+                    layouts = layouts_of(styles[style]) if style in styles and name in modules else None
+                    recorded.append(AppliedStyle(owner, style, call, False, layouts))
             return original_apply(model, tp_mesh, tp_plan)
 
         for module in (hf_parallel, sys.modules.get("transformers.distributed.mixin")):
@@ -490,6 +494,18 @@ def plan_entries(root: nn.Module, recorded: list[AppliedStyle]) -> dict[str, Fra
             end_column=end_column,
         )
     return entries
+
+
+def plan_layouts(root: nn.Module, recorded: list[AppliedStyle]) -> dict[str, PlanLayouts]:
+    """Module path -> the layouts its plan entries declare (merged when several styles apply)."""
+    paths = {id(module): name for name, module in root.named_modules(remove_duplicate=False)}
+    layouts: dict[str, PlanLayouts] = {}
+    for applied in recorded:
+        path = paths.get(id(applied.module))
+        found = merged(layouts.get(path), applied.layouts) if path is not None else None
+        if found is not None:
+            layouts[path] = found
+    return layouts
 
 
 def plan_entry_of_failure(exc: BaseException, root: nn.Module, entries: dict[str, Frame]) -> tuple[str, Frame] | None:
