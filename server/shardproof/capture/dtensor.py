@@ -375,6 +375,7 @@ class AppliedStyle:
     call: Frame  # the user's line that applied the plan
     written_by_user: bool  # torch plans are the user's dict; a model's built-in plan is not
     layouts: PlanLayouts | None = None  # what the style declares of the module's activations
+    callers: tuple[Frame, ...] = ()  # the user's frames around `call`, outermost first
 
 
 def local_storage(tensor: object) -> int:
@@ -422,19 +423,20 @@ def recording_plan_entries() -> Iterator[list[AppliedStyle]]:
     recorded: list[AppliedStyle] = []
     restore: list[tuple[object, str, object]] = []
 
-    def user_call() -> Frame | None:
-        """The innermost frame of the user's own code (not of an installed library)."""
+    def user_calls() -> tuple[Frame, ...]:
+        """The frames of the user's own code (not of an installed library), outermost first."""
         own = [f for f in live_user_frames(skip=2) if library_of(f.filename) is None]
-        return Frame(own[-1].filename, own[-1].lineno or 0, own[-1].name) if own else None
+        return tuple(Frame(f.filename, f.lineno or 0, f.name) for f in own)
 
     if "torch.distributed.tensor.parallel" in sys.modules:
 
         def recording(original):
             @functools.wraps(original)
             def _apply(style: object, module: nn.Module, device_mesh: object) -> object:
-                call = user_call()
-                if call is not None:
-                    recorded.append(AppliedStyle(module, type(style).__name__, call, True, layouts_of(style)))
+                calls = user_calls()
+                if calls:
+                    name = type(style).__name__
+                    recorded.append(AppliedStyle(module, name, calls[-1], True, layouts_of(style), calls[:-1]))
                 return original(style, module, device_mesh)
 
             return _apply
@@ -449,14 +451,14 @@ def recording_plan_entries() -> Iterator[list[AppliedStyle]]:
         original_apply = hf_parallel.apply_tensor_parallelism
 
         def apply_tensor_parallelism(model: nn.Module, tp_mesh: object, tp_plan: dict[str, str]) -> object:
-            call = user_call()
+            calls = user_calls()
             modules = dict(model.named_modules())
             styles = getattr(hf_parallel, "ALL_PARALLEL_STYLES", {})
             for name, style in tp_plan.items():
                 owner = modules.get(name) or modules.get(name.rpartition(".")[0])
-                if call is not None and owner is not None:
+                if calls and owner is not None:
                     layouts = layouts_of(styles[style]) if style in styles and name in modules else None
-                    recorded.append(AppliedStyle(owner, style, call, False, layouts))
+                    recorded.append(AppliedStyle(owner, style, calls[-1], False, layouts, calls[:-1]))
             return original_apply(model, tp_mesh, tp_plan)
 
         for module in (hf_parallel, sys.modules.get("transformers.distributed.mixin")):
@@ -472,23 +474,32 @@ def recording_plan_entries() -> Iterator[list[AppliedStyle]]:
 
 def plan_entries(root: nn.Module, recorded: list[AppliedStyle]) -> dict[str, Frame]:
     """Module path -> the plan entry that parallelized it: the line of the plan-dict key naming
-    it in the user's code. A torch plan entry falls back to the `parallelize_module` call; an
-    entry of a model's built-in plan that the user did not write has none."""
+    it in the user's code, in the function that applied the plan or, when that one was handed the
+    plan (a helper mapping style names to styles), in the nearest caller that names the module;
+    else anywhere in the applying call's file. A torch plan entry falls back to the
+    `parallelize_module` call; an entry of a model's built-in plan that the user did not write has
+    none."""
     paths = {id(module): name for name, module in root.named_modules(remove_duplicate=False)}
     entries: dict[str, Frame] = {}
     for applied in recorded:
         path = paths.get(id(applied.module))
         if path is None:
             continue
-        key = _plan_key(applied.call.file, applied.call.line, path)
+        file, key = applied.call.file, None
+        for frame in (applied.call, *reversed(applied.callers)):
+            key = _plan_key(frame.file, frame.line, path, whole_file=False)
+            if key is not None:
+                file = frame.file
+                break
+        key = key or _plan_key(file, applied.call.line, path)
         if key is None and not applied.written_by_user:
             continue
         line, column, end_column = key if key is not None else (applied.call.line, None, None)
         entries[path] = Frame(
-            applied.call.file,
+            file,
             line,
             applied.style,
-            linecache.getline(applied.call.file, line).strip(),
+            linecache.getline(file, line).strip(),
             column=column,
             end_line=line if column is not None else None,
             end_column=end_column,
@@ -532,10 +543,11 @@ def _parsed(file: str, text: str) -> ast.Module | None:
         return None
 
 
-def _plan_key(file: str, call_line: int, path: str) -> tuple[int, int, int] | None:
+def _plan_key(file: str, call_line: int, path: str, whole_file: bool = True) -> tuple[int, int, int] | None:
     """(line, column, end column) of the plan-dict key naming `path` in the function around the
-    `parallelize_module` call at `call_line`: keys are relative to the module the call was given,
-    so the longest key that ends the path wins, the nearest one to the call among equals."""
+    `parallelize_module` call at `call_line` (then, with `whole_file`, anywhere in the file): keys
+    are relative to the module the call was given, so the longest key that ends the path wins,
+    the nearest one to the call among equals."""
     text = "".join(linecache.getlines(file))
     tree = _parsed(file, text) if text else None
     if tree is None:
@@ -547,7 +559,10 @@ def _plan_key(file: str, call_line: int, path: str) -> tuple[int, int, int] | No
         )
         if encloses and (scope is tree or node.lineno > getattr(scope, "lineno", 0)):
             scope = node
-    return _nearest_key(scope, call_line, path) or (None if scope is tree else _nearest_key(tree, call_line, path))
+    found = _nearest_key(scope, call_line, path)
+    if found is not None or scope is tree or not whole_file:
+        return found
+    return _nearest_key(tree, call_line, path)
 
 
 def _nearest_key(scope: ast.AST, call_line: int, path: str) -> tuple[int, int, int] | None:
