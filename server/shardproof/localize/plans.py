@@ -238,9 +238,16 @@ class Plans:
         return entering
 
     def _frame_running(self, crossing: Crossing) -> Frame | None:
-        """The user line that runs the planned module: the deepest frame the op inside it and its
-        consumer outside share (the call), else the op's innermost user frame."""
+        """The user line that runs the planned module: for a library module (an `nn.Linear`, whose
+        forward has no user line) the op's innermost user frame; for the user's own class the
+        deepest frame the op inside it and its consumer outside share (the call), else the op's
+        innermost user frame."""
         made = [f for f in crossing.node.site.frames if f.library is None] if crossing.node.site else []
+        library_module = crossing.node.module_path == crossing.paths[0] and crossing.node.module_type.startswith(
+            "torch."
+        )
+        if library_module and made:
+            return made[-1]
         used = (
             [f for f in crossing.consumer.site.frames if f.library is None]
             if crossing.consumer is not None and crossing.consumer.site
