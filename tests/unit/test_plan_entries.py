@@ -34,11 +34,15 @@ def _node(value: str, op: str, inputs: tuple[str, ...], module: str, kind: str, 
 LINEAR = "torch.nn.modules.linear.Linear"
 
 
-def _graph(name: str, rank: int | None, *, user_reshape: bool = False, layouts: dict | None = None) -> Graph:
+def _graph(
+    name: str, rank: int | None, *, user_reshape: bool = False, normed_up: bool = False, layouts: dict | None = None
+) -> Graph:
     nodes = [
         _node("up", "linear", ("x", "w_up"), "mlp.up", LINEAR, BLOCK, MLP_FORWARD),
         _node("down", "linear", ("up", "w_down"), "mlp.down", LINEAR, BLOCK, MLP_FORWARD),
     ]
+    if normed_up and rank is not None:  # MLP.forward normalizes up's output (a value no output reads)
+        nodes.insert(1, _node("normed", "unary", ("up",), "mlp", "MLP", BLOCK, MLP_FORWARD))
     summed = "down"
     if user_reshape:
         nodes.append(_node("reshaped", "view", ("down",), "", "Block", PARALLEL_ONLY))
@@ -74,8 +78,12 @@ def _context(**kwargs) -> Context:
     facts = Facts(classes=classes)
     for r, graph in enumerate(ranks):
         classes[f"{graph.name}/x"] = 1  # the input: replicated
-        classes[f"{graph.name}/up"] = 10 + r
-        facts.sel.append((2, 10 + r, -1, ((16 * r, 16 * r + 16),)))  # up: this rank's 16 of 32 columns
+        if "normed" in graph.node_map():
+            classes[f"{graph.name}/up"] = 2  # up: whole on every rank (colwise_rep)
+            classes[f"{graph.name}/normed"] = 40 + r  # unrelated to anything the reference computes
+        else:
+            classes[f"{graph.name}/up"] = 10 + r
+            facts.sel.append((2, 10 + r, -1, ((16 * r, 16 * r + 16),)))  # up: this rank's 16 of 32 columns
         classes[f"{graph.name}/down"] = 20 + r
         facts.psum.append((3, 20 + r, 16 * r, 16 * r + 16, 32))  # down: a partial sum
         if "reshaped" in graph.node_map():
@@ -185,3 +193,13 @@ def test_the_layouts_a_style_declares_separate_claims_from_computed_outputs() ->
     assert layouts_of(SequenceParallel()) == PlanLayouts(input_claims=("Shard(1)",), outputs=("Shard(1)",))
     # PrepareModuleInputOutput applies both halves to one module
     assert merged(prepared_input, prepared) == PlanLayouts(("Shard(1)", None), ("Partial()",), ("Replicate()",))
+
+
+def test_a_value_computed_from_whole_values_has_their_layout() -> None:
+    # up handed on whole (colwise_rep) and normalized in MLP.forward (reference code): the norm's
+    # inputs are all whole, so the layout that reached it is up's, decided by up's entry
+    whole_up = {"mlp.up": PlanLayouts(input_claims=("Replicate()",), outputs=("Replicate()",))}
+    ctx = _context(normed_up=True, layouts=whole_up)
+    crossing = ctx.plan_crossing(0, "normed")
+    assert crossing is not None and crossing.paths == ("mlp.up",) and crossing.value == "up"
+    assert ctx.false_claim(0, "mlp.up", "up") is None  # it is what the entry declares

@@ -29,11 +29,12 @@ is kept whole with the one rule that is plainly right: queries, keys and values 
 along the heads (dim 1) give the output sharded along the heads; replicated give replicated.
 
 A mistake in a plan shows up where the module runs (`self.output(h)`), but it is made in the
-plan. While a rank is built, every parallel style applied is recorded with the user's call that
-applied it (`parallelize_module`, or Hugging Face's `maybe_distribute_model`); the entry of a
-plan dict in the user's code naming that module (found in the source with `ast`) becomes the
-module's plan entry. A discrepancy in a torch module's output, or an error raised inside a
-parallelized module, is reported there.
+plan. While a rank is built, every parallel style applied is recorded with the user's calls that
+applied it (`parallelize_module`, or Hugging Face's `maybe_distribute_model`) and the layouts the
+style declares (plan_layouts.py); the entry of a plan dict in the user's code naming that module
+(found in the source with `ast`, in the applying function or the caller that handed it the plan)
+becomes the module's plan entry. An error raised inside a parallelized module is reported there,
+and so is a discrepancy whose layout the plan decided (localize/plans.py).
 """
 
 from __future__ import annotations

@@ -128,10 +128,34 @@ class Plans:
         """Where the plan decided the layout of `value` (laws 1 and 2), if it did."""
         graph = self.ev.ranks[rank]
         consumers = [self.rank_nodes[rank][c] for c in self.rank_consumers[rank].get(value, [])]
-        return self._crossing(rank, graph, value, None if value in graph.outputs else consumers, 0)
+        return self._crossing(rank, graph, value, None if value in graph.outputs else consumers, 0, {})
 
-    def _crossing(self, rank: int, graph: Graph, value: str, used_by: list[Node] | None, depth: int) -> Crossing | None:
-        """`used_by`: the nodes the walk came from (None: the value leaves the program)."""
+    def _crossing(
+        self,
+        rank: int,
+        graph: Graph,
+        value: str,
+        used_by: list[Node] | None,
+        depth: int,
+        walked: dict[tuple[str, str], Crossing | None],
+    ) -> Crossing | None:
+        """`used_by`: the nodes the walk came from (None: the value leaves the program);
+        `walked`: the answers so far, by value and the module it was used in."""
+        key = (value, "\n".join(sorted(u.module_path for u in used_by)) if used_by is not None else "\n<output>")
+        if key not in walked:
+            walked[key] = None  # (a cycle is no crossing)
+            walked[key] = self._crossing_once(rank, graph, value, used_by, depth, walked)
+        return walked[key]
+
+    def _crossing_once(
+        self,
+        rank: int,
+        graph: Graph,
+        value: str,
+        used_by: list[Node] | None,
+        depth: int,
+        walked: dict[tuple[str, str], Crossing | None],
+    ) -> Crossing | None:
         node = self.rank_node(rank, value)
         if node is None or depth > 40:
             return None
@@ -151,18 +175,23 @@ class Plans:
             library_module = node.module_path == owner and node.module_type.startswith("torch.")
             if library_module or node.op in _COLLECTIVES or rank_dependent:
                 return Crossing(value, node, (owner,), consumer, inside=True)
-        if rank_dependent:
-            return None
-        if node.op in _MOVEMENT:
-            followed = [v for v in node.inputs if not self._is_constant_like(rank, v)]
-        else:
-            followed = [
-                v for v in node.inputs if not self._is_replicated(rank, v) and not self._is_constant_like(rank, v)
-            ]
-        found = [self._crossing(rank, graph, v, [node], depth + 1) for v in followed]
+        if rank_dependent or node.op in _COLLECTIVES:
+            return None  # (a collective outside planned modules is the program's own)
+        found = [self._crossing(rank, graph, v, [node], depth + 1, walked) for v in self._layout_inputs(rank, node)]
         if not found or any(c is None for c in found) or len({c.paths for c in found if c is not None}) != 1:
             return None
         return found[0]
+
+    def _layout_inputs(self, rank: int, node: Node) -> list[str]:
+        """The inputs whose layout an op's output has: what data movement moves; else the inputs
+        that are not whole (a whole input is the same on every rank, as in the reference), or,
+        when all are whole, the ones computed in the program (not its inputs or parameters)."""
+        data = [v for v in node.inputs if not self._is_constant_like(rank, v)]
+        if node.op in _MOVEMENT:
+            return data
+        return [v for v in data if not self._is_replicated(rank, v)] or [
+            v for v in data if self.rank_node(rank, v) is not None
+        ]
 
     def _innocent(self, node: Node) -> bool:
         """Every user line of the node's call is one the reference runs too (library lines are the
@@ -176,21 +205,22 @@ class Plans:
         that declares how its output leaves (an entry that only prepares inputs has no say)."""
         rank = graph.rank or 0
         for path in crossing.paths:
-            claim = self.false_claim(rank, path, crossing.value)
+            claim = self.false_claim(rank, path, None if crossing.inside else crossing.value)
             if claim is not None:
                 return path, claim
         declaring = [p for p in crossing.paths if _declares_output(graph.plan_layouts.get(p))]
         return (declaring or list(crossing.paths))[0], None
 
-    def false_claim(self, rank: int, path: str, leaving: str) -> FalseClaim | None:
+    def false_claim(self, rank: int, path: str, leaving: str | None) -> FalseClaim | None:
         """The entry for `path` declares a layout its value contradicts: the value `leaving` the
-        module is not in the layout the entry hands its output on with (DTensor redistributes a
-        true claim faithfully), or the one input it claims a layout for is not in that layout."""
+        module (if given) is not in the layout the entry hands its output on with (DTensor
+        redistributes a true claim faithfully), or the one input it claims a layout for is not in
+        that layout."""
         graph = self.ev.ranks[rank]
         layouts = graph.plan_layouts.get(path)
         if layouts is None:
             return None
-        if len(layouts.outputs) == 1 and layouts.outputs[0] is not None:
+        if leaving is not None and _one_output(layouts):
             holds = self.layouts_held(rank, leaving)
             if holds and _normal(layouts.outputs[0], graph, leaving) not in holds:
                 declared = layouts.output_claims[0] if layouts.output_claims else layouts.outputs[0]
