@@ -37,12 +37,6 @@ KNOWN_MISSES: dict[str, str] = {
     "attention-scale-local-heads": "wrong-layout at constants.py:20, the einsum that uses the scale",
     "norm-divisor-local-width": "not-equivalent with no primary site at all",
     "mean-over-local-length": "not-equivalent at constants.py:121, the sequence chunk",
-    # plan: reported in the reference model's code or at a neighbouring plan entry
-    "plan-k-proj-replicated-output": "not-equivalent at models.py:21, the k repeat_interleave (reference code)",
-    "tp-plan-lm-head-colwise": "missing-reduction at models.py:167, the softmax (reference code)",
-    "tp-plan-k-proj-colwise-rep": "not-equivalent at models.py:21, the k repeat_interleave (reference code)",
-    "plan-mlp-class-output-replicate": "missing-reduction at plans.py:72, the mlp.down entry above it",
-    "plan-down-partial-output": "missing-reduction at models.py:34, the MLP's forward (reference code)",
 }
 
 _RESULTS: dict[str, object] = {}

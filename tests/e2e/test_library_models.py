@@ -127,6 +127,30 @@ def test_a_plan_entry_that_breaks_the_shapes_is_named_by_the_error(tmp_path: Pat
     assert "parallelizes with colwise" in outcome.error["message"]
 
 
+def test_a_transformers_plan_entry_is_reported_with_the_layout_it_declares(tmp_path: Path, sandbox) -> None:
+    # The LM head overridden `colwise` (the model's own plan gathers it): each rank returns its
+    # vocabulary shard. transformers applies the style name itself; the report is at the override,
+    # saying what that style hands on (read from transformers' own style object).
+    root = tmp_path / "hf"
+    shutil.copytree(EXAMPLES / "hf_llama", root, ignore=shutil.ignore_patterns("__pycache__"))
+    source = root / "hf_tp" / "model.py"
+    text = source.read_text()
+    entry = '    "model.layers.*.self_attn.o_proj": "rowwise",\n    "model.layers.*.mlp.down_proj": "rowwise",\n}'
+    assert text.count(entry) == 1
+    source.write_text(
+        text.replace(entry, '    "model.layers.*.self_attn.o_proj": "rowwise",\n    "lm_head": "colwise",\n}')
+    )
+    line = next(i + 1 for i, text in enumerate(source.read_text().splitlines()) if '"lm_head": "colwise"' in text)
+    project = load_project(root)
+    (outcome,) = verify_check(project.check("hf-llama-tp").for_mode("quick"), project, [2], sandbox).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    finding = outcome.discrepancies[0]
+    assert finding.primary is not None and (Path(finding.primary.file), finding.primary.line) == (source, line)
+    assert "it hands the output on as Shard(-1)" in finding.suggestion, finding.suggestion
+    runs = [s for s in finding.related if "`model.lm_head` runs here" in s.note]
+    assert runs and runs[0].code.startswith("return self.model("), finding.related
+
+
 @pytest.fixture(scope="module")
 def variant_projects(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("realworld-variants")

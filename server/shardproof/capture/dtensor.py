@@ -29,11 +29,12 @@ is kept whole with the one rule that is plainly right: queries, keys and values 
 along the heads (dim 1) give the output sharded along the heads; replicated give replicated.
 
 A mistake in a plan shows up where the module runs (`self.output(h)`), but it is made in the
-plan. While a rank is built, every parallel style applied is recorded with the user's call that
-applied it (`parallelize_module`, or Hugging Face's `maybe_distribute_model`); the entry of a
-plan dict in the user's code naming that module (found in the source with `ast`) becomes the
-module's plan entry. A discrepancy in a torch module's output, or an error raised inside a
-parallelized module, is reported there.
+plan. While a rank is built, every parallel style applied is recorded with the user's calls that
+applied it (`parallelize_module`, or Hugging Face's `maybe_distribute_model`) and the layouts the
+style declares (plan_layouts.py); the entry of a plan dict in the user's code naming that module
+(found in the source with `ast`, in the applying function or the caller that handed it the plan)
+becomes the module's plan entry. An error raised inside a parallelized module is reported there,
+and so is a discrepancy whose layout the plan decided (localize/plans.py).
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..graph.model import Frame
+from ..graph.model import Frame, PlanLayouts
 from ..relations.expr import CatOf, Expr, SliceOf
 from .frames import library_of, live_user_frames
+from .plan_layouts import layouts_of, merged
 
 _LOCAL_TENSOR_SUFFIX = ".original0"
 _registered = False
@@ -373,6 +375,8 @@ class AppliedStyle:
     style: str
     call: Frame  # the user's line that applied the plan
     written_by_user: bool  # torch plans are the user's dict; a model's built-in plan is not
+    layouts: PlanLayouts | None = None  # what the style declares of the module's activations
+    callers: tuple[Frame, ...] = ()  # the user's frames around `call`, outermost first
 
 
 def local_storage(tensor: object) -> int:
@@ -420,19 +424,20 @@ def recording_plan_entries() -> Iterator[list[AppliedStyle]]:
     recorded: list[AppliedStyle] = []
     restore: list[tuple[object, str, object]] = []
 
-    def user_call() -> Frame | None:
-        """The innermost frame of the user's own code (not of an installed library)."""
+    def user_calls() -> tuple[Frame, ...]:
+        """The frames of the user's own code (not of an installed library), outermost first."""
         own = [f for f in live_user_frames(skip=2) if library_of(f.filename) is None]
-        return Frame(own[-1].filename, own[-1].lineno or 0, own[-1].name) if own else None
+        return tuple(Frame(f.filename, f.lineno or 0, f.name) for f in own)
 
     if "torch.distributed.tensor.parallel" in sys.modules:
 
         def recording(original):
             @functools.wraps(original)
             def _apply(style: object, module: nn.Module, device_mesh: object) -> object:
-                call = user_call()
-                if call is not None:
-                    recorded.append(AppliedStyle(module, type(style).__name__, call, True))
+                calls = user_calls()
+                if calls:
+                    name = type(style).__name__
+                    recorded.append(AppliedStyle(module, name, calls[-1], True, layouts_of(style), calls[:-1]))
                 return original(style, module, device_mesh)
 
             return _apply
@@ -447,12 +452,14 @@ def recording_plan_entries() -> Iterator[list[AppliedStyle]]:
         original_apply = hf_parallel.apply_tensor_parallelism
 
         def apply_tensor_parallelism(model: nn.Module, tp_mesh: object, tp_plan: dict[str, str]) -> object:
-            call = user_call()
+            calls = user_calls()
             modules = dict(model.named_modules())
+            styles = getattr(hf_parallel, "ALL_PARALLEL_STYLES", {})
             for name, style in tp_plan.items():
                 owner = modules.get(name) or modules.get(name.rpartition(".")[0])
-                if call is not None and owner is not None:
-                    recorded.append(AppliedStyle(owner, style, call, False))
+                if calls and owner is not None:
+                    layouts = layouts_of(styles[style]) if style in styles and name in modules else None
+                    recorded.append(AppliedStyle(owner, style, calls[-1], False, layouts, calls[:-1]))
             return original_apply(model, tp_mesh, tp_plan)
 
         for module in (hf_parallel, sys.modules.get("transformers.distributed.mixin")):
@@ -468,28 +475,49 @@ def recording_plan_entries() -> Iterator[list[AppliedStyle]]:
 
 def plan_entries(root: nn.Module, recorded: list[AppliedStyle]) -> dict[str, Frame]:
     """Module path -> the plan entry that parallelized it: the line of the plan-dict key naming
-    it in the user's code. A torch plan entry falls back to the `parallelize_module` call; an
-    entry of a model's built-in plan that the user did not write has none."""
+    it in the user's code, in the function that applied the plan or, when that one was handed the
+    plan (a helper mapping style names to styles), in the nearest caller that names the module;
+    else anywhere in the applying call's file. A torch plan entry falls back to the
+    `parallelize_module` call; an entry of a model's built-in plan that the user did not write has
+    none."""
     paths = {id(module): name for name, module in root.named_modules(remove_duplicate=False)}
     entries: dict[str, Frame] = {}
     for applied in recorded:
         path = paths.get(id(applied.module))
         if path is None:
             continue
-        key = _plan_key(applied.call.file, applied.call.line, path)
+        file, key = applied.call.file, None
+        for frame in (applied.call, *reversed(applied.callers)):
+            key = _plan_key(frame.file, frame.line, path, whole_file=False)
+            if key is not None:
+                file = frame.file
+                break
+        key = key or _plan_key(file, applied.call.line, path)
         if key is None and not applied.written_by_user:
             continue
         line, column, end_column = key if key is not None else (applied.call.line, None, None)
         entries[path] = Frame(
-            applied.call.file,
+            file,
             line,
             applied.style,
-            linecache.getline(applied.call.file, line).strip(),
+            linecache.getline(file, line).strip(),
             column=column,
             end_line=line if column is not None else None,
             end_column=end_column,
         )
     return entries
+
+
+def plan_layouts(root: nn.Module, recorded: list[AppliedStyle]) -> dict[str, PlanLayouts]:
+    """Module path -> the layouts its plan entries declare (merged when several styles apply)."""
+    paths = {id(module): name for name, module in root.named_modules(remove_duplicate=False)}
+    layouts: dict[str, PlanLayouts] = {}
+    for applied in recorded:
+        path = paths.get(id(applied.module))
+        found = merged(layouts.get(path), applied.layouts) if path is not None else None
+        if found is not None:
+            layouts[path] = found
+    return layouts
 
 
 def plan_entry_of_failure(exc: BaseException, root: nn.Module, entries: dict[str, Frame]) -> tuple[str, Frame] | None:
@@ -516,10 +544,11 @@ def _parsed(file: str, text: str) -> ast.Module | None:
         return None
 
 
-def _plan_key(file: str, call_line: int, path: str) -> tuple[int, int, int] | None:
+def _plan_key(file: str, call_line: int, path: str, whole_file: bool = True) -> tuple[int, int, int] | None:
     """(line, column, end column) of the plan-dict key naming `path` in the function around the
-    `parallelize_module` call at `call_line`: keys are relative to the module the call was given,
-    so the longest key that ends the path wins, the nearest one to the call among equals."""
+    `parallelize_module` call at `call_line` (then, with `whole_file`, anywhere in the file): keys
+    are relative to the module the call was given, so the longest key that ends the path wins,
+    the nearest one to the call among equals."""
     text = "".join(linecache.getlines(file))
     tree = _parsed(file, text) if text else None
     if tree is None:
@@ -531,7 +560,10 @@ def _plan_key(file: str, call_line: int, path: str) -> tuple[int, int, int] | No
         )
         if encloses and (scope is tree or node.lineno > getattr(scope, "lineno", 0)):
             scope = node
-    return _nearest_key(scope, call_line, path) or (None if scope is tree else _nearest_key(tree, call_line, path))
+    found = _nearest_key(scope, call_line, path)
+    if found is not None or scope is tree or not whole_file:
+        return found
+    return _nearest_key(tree, call_line, path)
 
 
 def _nearest_key(scope: ast.AST, call_line: int, path: str) -> tuple[int, int, int] | None:

@@ -584,6 +584,7 @@ class CheckCapture:
                     program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
                     graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
                 graph.plan_entries = plan
+                graph.plan_layouts = dtensor.plan_layouts(module, built.applied_styles)
                 graph.placements = built.placements
             return RankCapture(rank, graph, values, built.numbers), dtensor.uses_dtensor(module)
 

@@ -136,6 +136,20 @@ class ModulePlacement:
     site: SourceSite | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PlanLayouts:
+    """What a plan entry says of its module's activations, each layout written as DTensor's
+    placement is (`Replicate()`, `Partial()`, `Shard(-1)`), None for an argument it leaves alone.
+    `input_claims` are the layouts it says the positional inputs have (DTensor takes them on
+    trust: `from_local`); `output_claims` the same for the outputs the forward returns
+    (PrepareModuleOutput's `output_layouts`; empty when DTensor computes them, as for a
+    ColwiseParallel linear); `outputs` the layouts the outputs leave the module with."""
+
+    input_claims: tuple[str | None, ...] = ()
+    output_claims: tuple[str | None, ...] = ()
+    outputs: tuple[str | None, ...] = ()
+
+
 @dataclass(slots=True)
 class Graph:
     """A captured program: the reference (rank None) or one rank of the parallel version."""
@@ -149,6 +163,8 @@ class Graph:
     source_files: set[str] = field(default_factory=set)
     # module path -> the plan entry that parallelized it (DTensor plans), `function` = the style
     plan_entries: dict[str, Frame] = field(default_factory=dict)
+    # module path -> the layouts its plan entry declares (absent when the style declares none known)
+    plan_layouts: dict[str, PlanLayouts] = field(default_factory=dict)
     # per output, when gradients are verified: None for a forward output, else which gradient it is
     gradient_roles: list[GradientRole | None] = field(default_factory=list)
     # reference gradients this rank cannot show (no parameter holds them whole or as one block)

@@ -3,7 +3,6 @@ value plays a reference value's part, what relations hold, where a node's line i
 
 from __future__ import annotations
 
-from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -14,14 +13,16 @@ from .assignments import Assignment
 from .blame import Blame
 from .evidence import Evidence
 from .neighbourhood import Pictures
+from .plans import Plans
 from .sites import Line, library_site, line_of, pick_frame, reference_lines, to_site
 from .wording import _LINEAR_OPS, _SUPPORTED, _fn, describe_op
 
 
-class Context(Blame, Pictures):
+class Context(Blame, Pictures, Plans):
     """The evidence with its indexes (nodes, placeholders and consumers by value, per program), and
-    the queries detectors share; walking back to a culprit (`Blame`) and drawing the picture of a
-    report (`Pictures`) are mixed in from their own modules."""
+    the queries detectors share; walking back to a culprit (`Blame`), drawing the picture of a
+    report (`Pictures`) and moving a plan mistake to its plan entry (`Plans`) are mixed in from
+    their own modules."""
 
     def __init__(self, evidence: Evidence) -> None:
         self.ev = evidence
@@ -76,29 +77,6 @@ class Context(Blame, Pictures):
             inside = self.library_calls.get((found.primary.file, found.primary.line))
             if inside is not None and all((s.file, s.line) != (inside.file, inside.line) for s in found.related):
                 found.related.append(inside)
-        return found
-
-    def with_plan_context(self, found: Discrepancy | Unsupported) -> Discrepancy | Unsupported:
-        """A discrepancy in the output of a torch module that a DTensor plan parallelized (an
-        `nn.Linear`, `nn.Embedding`, `nn.RMSNorm`) is made in the plan: its entry becomes where
-        the fix belongs, and the line that runs the module stays as related information."""
-        if not isinstance(found, Discrepancy) or found.primary is None:
-            return found
-        graphs = {graph.name: graph for graph in self.ev.ranks}
-        for reference in found.parallel_nodes:
-            graph_name, _, node_id = reference.partition("/")
-            graph = graphs.get(graph_name)
-            node = self.rank_node(graph.rank, node_id) if graph is not None and graph.rank is not None else None
-            if node is None or not node.module_type.startswith("torch."):
-                continue
-            entry = graph.plan_entries.get(node.module_path) if graph is not None else None
-            if entry is None:
-                continue
-            runs_here = replace(found.primary, note=found.primary.note or f"`{node.module_path}` runs here")
-            found.primary = to_site(entry, f"the plan parallelizes `{node.module_path}` with {entry.function}")
-            found.related.insert(0, runs_here)
-            found.suggestion = f"{found.suggestion} (in the plan entry for `{node.module_path}`: its layouts)".lstrip()
-            return found
         return found
 
     def relations_between(self, ref_value: str, rank: int, value: str) -> list[Relation]:

@@ -34,8 +34,8 @@ tried in this order, and the first that applies gives the report:
 4. output-mismatch       no value is broken but an output is (wrong shape, order, unreduced)
 
 Unknown ops on sharded inputs make the result inconclusive (`Unsupported`) instead of a discrepancy.
-A report at a user line that called into a library also shows the library's line, and a report in a
-module a DTensor plan parallelized is moved to the plan entry.
+A report at a user line that called into a library also shows the library's line, and a report whose
+culprit's layout a DTensor plan decided is moved to the plan entry (plans.py).
 """
 
 from __future__ import annotations

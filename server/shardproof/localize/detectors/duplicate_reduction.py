@@ -51,6 +51,7 @@ def duplicate_reduction(ctx: Context) -> Discrepancy | None:
                 suggestion="remove the second all-reduce (the value was reduced already)",
                 details={
                     "topo": topo,
+                    "culprit": f"{graph.name}/{node.id}",
                     "fix": {"action": "unwrap", "title": "Remove the duplicate all-reduce"},
                     "neighbourhood": _duplicate_picture(ctx, rank, ref_value, source, node),
                 },

@@ -121,5 +121,5 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
             if how == "layout"
             else "make this rank hold the slice its partners expect (see the first location)"
         ),
-        details={"blame": how, "wrong_inputs": [w[0] for w in wrong]},
+        details={"blame": how, "wrong_inputs": [w[0] for w in wrong], "culprit": f"rank{rank}/{value}"},
     )

@@ -22,4 +22,5 @@ def not_equivalent(ctx: Context, ref_node: Node, rank: int, ranks: list[int]) ->
         parallel_nodes=[f"rank{rank}/{aligned.id}"] if aligned else [],
         expected=f"a value related to {ctx.ref_value_name(ref_node.id)}",
         found="no related value",
+        details={"culprit": f"rank{rank}/{aligned.id}"} if aligned else {},
     )

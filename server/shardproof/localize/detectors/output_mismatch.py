@@ -41,6 +41,7 @@ def output_mismatch(ctx: Context, failing_outputs: list[int]) -> Discrepancy:
                     expected=f"shape {list(ref_meta.shape)}",
                     found=f"shape {list(meta.shape)}",
                     suggestion="gather or reshape along the dimension the reference uses",
+                    details={"culprit": f"{graph.name}/{value}"},
                 ),
             )
     if ref_node is not None:
@@ -83,6 +84,7 @@ def output_mismatch(ctx: Context, failing_outputs: list[int]) -> Discrepancy:
             expected=_output_expectation(ctx, index),
             found=found,
             suggestion=_output_suggestion(ctx, index, kind),
+            details={"culprit": f"{ctx.ev.ranks[0].name}/{rank0_output}"} if rank0_output else {},
         ),
     )
 

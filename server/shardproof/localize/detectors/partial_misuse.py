@@ -189,7 +189,11 @@ def _partial_consumed(
             if rel.kind == "pmax"
             else "all-reduce the partial sums (sum over the tensor-parallel group) before using them"
         ),
-        details={**ctx._fix("wrap", "Insert the missing all-reduce"), "holdings": ctx._holdings(ref_value)},
+        details={
+            **ctx._fix("wrap", "Insert the missing all-reduce"),
+            "holdings": ctx._holdings(ref_value),
+            "culprit": f"rank{rank}/{partial_value}",
+        },
     )
 
 
