@@ -9,26 +9,13 @@
 
 from __future__ import annotations
 
-from shardproof.graph.model import Collective, Frame, Graph, Node, Placeholder, SourceSite, TensorMeta
+from evidence_kit import F32, Kit
+
+from shardproof.graph.model import Collective, Frame, SourceSite
 from shardproof.localize.context import Context
 from shardproof.localize.detectors.collective_op import wrong_collective_op
-from shardproof.localize.evidence import Evidence
 from shardproof.localize.fused_parts import OneBlockOfParts, _leading_factor, cut_by_the_user, one_block_of_parts
 from shardproof.relations import expr as px
-from shardproof.verify.engine import Facts
-from shardproof.verify.relations_found import RelationIndex
-
-F32 = "float32"
-
-
-def _meta(*shape: int) -> TensorMeta:
-    return TensorMeta(tuple(shape), F32)
-
-
-def _context(reference: Graph, ranks: list[Graph], facts: Facts) -> Context:
-    index = RelationIndex(reference, ranks, facts)
-    return Context(Evidence(reference, ranks, [{} for _ in ranks], index, []))
-
 
 # ------------------------------------------------------------------------- wrong-collective-op
 
@@ -36,32 +23,22 @@ def _context(reference: Graph, ranks: list[Graph], facts: Facts) -> Context:
 def _scattered(op: str, permutes: list[list[int]], output_related: bool = False) -> Context:
     """Each rank: partial sums of the reference's [2, 8, 16] `down`, permuted by its own dims,
     reduce-scattered over ranks 0 and 1 with `op`."""
-    reference = Graph("reference", None, 1, [Placeholder("x", "input", "0", _meta(2, 8, 16))], [], ["down"])
-    reference.nodes.append(Node("down", "linear", ("x",), {}, _meta(2, 8, 16)))
-    ranks = []
-    facts = Facts(classes={"reference/x": 0, "reference/down": 1})
-    for rank, dims in enumerate(permutes):
-        name = f"rank{rank}"
-        nodes = [
-            Node("down", "linear", ("x",), {}, _meta(2, 8, 16)),
-            Node("moved", "permute", ("down",), {"dims": dims}, _meta(8, 2, 16)),
-            Node(
-                "scattered",
-                "reduce_scatter",
-                ("moved",),
-                {},
-                _meta(4, 2, 16),
-                collective=Collective("reduce_scatter", op, (0, 1)),
-            ),
-        ]
-        ranks.append(Graph(name, rank, 2, [Placeholder("x", "input", "0", _meta(2, 8, 16))], nodes, ["scattered"]))
-        part = 10 + 10 * rank
-        facts.classes.update({f"{name}/x": 0, f"{name}/down": part, f"{name}/moved": part + 1})
-        facts.classes[f"{name}/scattered"] = part + 2
-        facts.psum.append((1, part, 8 * rank, 8 * rank + 8, 16))
+    kit = Kit(len(permutes))
+    kit.input("x", 2, 8, 16)
+    kit.ref.op("down", "linear", "x", out=(2, 8, 16))
+    kit.ref.output("down")
+    for rank, program in kit.each_rank():
+        program.op("down", "linear", "x", out=(2, 8, 16))
+        program.op("moved", "permute", "down", out=(8, 2, 16), dims=permutes[rank])
+        scatter = Collective("reduce_scatter", op, (0, 1))
+        program.op("scattered", "reduce_scatter", "moved", out=(4, 2, 16), collective=scatter)
+        program.output("scattered")
+        kit.psum("down", f"rank{rank}/down", 8 * rank, 8 * rank + 8, 16)
+        kit.cls(f"rank{rank}/moved")
+        kit.cls(f"rank{rank}/scattered")
         if output_related:
-            facts.sel.append((1, part + 2, 1, ((4 * rank, 4 * rank + 4),)))
-    return _context(reference, ranks, facts)
+            kit.sel("down", f"rank{rank}/scattered", 1, (4 * rank, 4 * rank + 4))
+    return kit.context()
 
 
 def test_a_reduce_scatter_of_rearranged_partial_sums_with_max_is_the_wrong_op() -> None:
@@ -89,29 +66,23 @@ def test_a_reduction_whose_result_is_related_is_right_whatever_its_op() -> None:
 # ------------------------------------------------------------------- fused value cut as one block
 
 
-def _slice(name: str, source: str, start: int, end: int) -> Node:
-    return Node(name, "slice", (source,), {"dim": -1, "start": start, "end": end}, _meta(2, 8, end - start))
-
-
 def _fused_split(rank_ranges: list[tuple[tuple[int, int], ...]], rank_parts: int = 3) -> Context:
     """The reference splits a [2, 8, 32] fused output into q [0:16], k [16:24], v [24:32]; each rank
     holds `rank_ranges` of it (16 columns) and slices it into `rank_parts` parts."""
-    ref_nodes = [Node("fused", "linear", ("x",), {}, _meta(2, 8, 32))]
+    kit = Kit(len(rank_ranges))
+    kit.input("x", 2, 8, 16)
+    kit.ref.op("fused", "linear", "x", out=(2, 8, 32))
     for i, (start, end) in enumerate([(0, 16), (16, 24), (24, 32)]):
-        ref_nodes.append(_slice(f"split.{i}", "fused", start, end))
-    x = Placeholder("x", "input", "0", _meta(2, 8, 16))
-    reference = Graph("reference", None, 1, [x], ref_nodes, ["split.0"])
-    facts = Facts(classes={"reference/x": 0, "reference/fused": 1})
-    local = [(0, 8), (8, 12), (12, 16)][:rank_parts]
-    ranks = []
-    for rank, ranges in enumerate(rank_ranges):
-        nodes = [Node("fused", "linear", ("x",), {}, _meta(2, 8, 16))]
-        for i, (start, end) in enumerate(local):
-            nodes.append(_slice(f"split.{i}", "fused", start, end))
-        ranks.append(Graph(f"rank{rank}", rank, 2, [x], nodes, ["split.0"]))
-        facts.classes.update({f"rank{rank}/x": 0, f"rank{rank}/fused": 10 + rank})
-        facts.sel.append((1, 10 + rank, -1, ranges))
-    return _context(reference, ranks, facts)
+        kit.ref.op(f"split.{i}", "slice", "fused", out=(2, 8, end - start), dim=-1, start=start, end=end)
+    kit.ref.output("split.0")
+    kit.cls("fused")
+    for rank, program in kit.each_rank():
+        program.op("fused", "linear", "x", out=(2, 8, 16))
+        for i, (start, end) in enumerate([(0, 8), (8, 12), (12, 16)][:rank_parts]):
+            program.op(f"split.{i}", "slice", "fused", out=(2, 8, end - start), dim=-1, start=start, end=end)
+        program.output("split.0")
+        kit.sel("fused", f"rank{rank}/fused", -1, *rank_ranges[rank])
+    return kit.context()
 
 
 def _check(ctx: Context, rank: int) -> OneBlockOfParts | None:
@@ -145,29 +116,15 @@ def test_a_view_splits_a_dim_into_its_leading_factor() -> None:
 def test_one_block_viewed_into_parts_is_found() -> None:
     """The reference views its [2, 8, 48] fused output as [2, 8, 3, 4, 4]; rank 1 holds [24:48] and
     views it as [2, 8, 3, 2, 4]: its 'q' is the second half of the reference's k."""
-    x = Placeholder("x", "input", "0", _meta(2, 8, 16))
-    reference = Graph(
-        "reference",
-        None,
-        1,
-        [x],
-        [
-            Node("fused", "linear", ("x",), {}, _meta(2, 8, 48)),
-            Node("heads", "view", ("fused",), {"shape": [2, 8, 3, 4, 4]}, _meta(2, 8, 3, 4, 4)),
-        ],
-        ["heads"],
-    )
-    facts = Facts(classes={"reference/x": 0, "reference/fused": 1})
-    ranks = []
-    for rank in range(2):
-        nodes = [
-            Node("fused", "linear", ("x",), {}, _meta(2, 8, 24)),
-            Node("heads", "view", ("fused",), {"shape": [2, 8, 3, 2, 4]}, _meta(2, 8, 3, 2, 4)),
-        ]
-        ranks.append(Graph(f"rank{rank}", rank, 2, [x], nodes, ["heads"]))
-        facts.classes.update({f"rank{rank}/x": 0, f"rank{rank}/fused": 10 + rank})
-        facts.sel.append((1, 10 + rank, -1, ((24 * rank, 24 * rank + 24),)))
-    ctx = _context(reference, ranks, facts)
+    kit = Kit()
+    kit.input("x", 2, 8, 16)
+    for program, width, heads in [(kit.ref, 48, 4), *((rank, 24, 2) for _, rank in kit.each_rank())]:
+        program.op("fused", "linear", "x", out=(2, 8, width))
+        program.op("heads", "view", "fused", out=(2, 8, 3, heads, 4), shape=[2, 8, 3, heads, 4])
+        program.output("heads")
+    for rank, _ in kit.each_rank():
+        kit.sel("fused", f"rank{rank}/fused", -1, (24 * rank, 24 * rank + 24))
+    ctx = kit.context()
     found = one_block_of_parts(ctx, ctx.ref_nodes["heads"], ctx.rank_nodes[1]["heads"], 1, "fused")
     assert found == OneBlockOfParts(dim=2, block=(24, 48), parts=((0, 16), (16, 32), (32, 48)))
 
