@@ -58,6 +58,7 @@ def test_an_all_reduce_whose_result_is_the_references_is_right() -> None:
     assert duplicate_reduction(_kit(result_related=True).context()) is None
 
 
-def test_a_max_or_a_group_of_one_does_not_multiply() -> None:
+def test_an_average_a_max_or_a_group_of_one_does_not_multiply() -> None:
+    assert duplicate_reduction(_kit(op="avg").context()) is None
     assert duplicate_reduction(_kit(op="max").context()) is None
     assert duplicate_reduction(_kit(group=(0,)).context()) is None

@@ -87,9 +87,9 @@ def test_another_ranks_mistake_is_not_this_ranks() -> None:
 
 def test_a_value_that_is_no_lookup_is_not_this_mistake() -> None:
     kit = _kit({1: (8, 15, 8)})
-    kit.ref.op("other", "unary", "emb", out=(*IDS, WIDTH), line=11, fn="relu")
+    kit.ref.op("scaled", "scalar", "w", out=(VOCAB, WIDTH), line=11, fn="mul", value=2.0)  # reads the weight
     ctx = kit.context()
-    assert embedding_mask(ctx, ctx.ref_nodes["other"], 1) is None
+    assert embedding_mask(ctx, ctx.ref_nodes["scaled"], 1) is None
 
 
 # -- reading masks ------------------------------------------------------------------------------

@@ -118,5 +118,5 @@ def test_an_op_whose_inputs_are_whole_is_not_this_mistake() -> None:
 
 def test_no_op_playing_the_part_is_not_this_mistake() -> None:
     kit = _kit({1: (0, 8)})
-    kit.ref.op("z", "softmax", "h", out=SHAPE, line=12, dim=-1)
+    kit.ref.op("z", "softmax", "x", out=SHAPE, line=12, dim=-1)
     assert _check(kit, ref_value="z") is None

@@ -15,10 +15,13 @@ EXPERTS = 4
 REDUCE = 45
 
 
-def _kit(experts: dict[int, list[int]], *, group: tuple[int, ...] = (0, 1), foreign: bool = False) -> Kit:
+def _kit(
+    experts: dict[int, list[int]], *, group: tuple[int, ...] = (0, 1), foreign: bool = False, reducing: int = 2
+) -> Kit:
     """The reference adds its 4 experts' outputs one by one to zeros (line 12). Rank r computes
     the experts `experts[r]` (line 40), adds them to zeros (line 42) and all-reduces the sum over
-    `group` (line 45); with `foreign`, rank 1's first term is no expert output of the reference."""
+    `group` (line 45) if it is one of the first `reducing` ranks; with `foreign`, rank 1's first
+    term is no expert output of the reference."""
     kit = Kit()
     kit.input("x", *SHAPE)
     ref = kit.ref
@@ -40,8 +43,10 @@ def _kit(experts: dict[int, list[int]], *, group: tuple[int, ...] = (0, 1), fore
                 kit.cls(f"rank{r}/e{i}")
             else:
                 kit.equal(f"e{e}", f"rank{r}/e{i}")
-        rank.all_reduce("total", total, out=SHAPE, line=REDUCE, group=group)
-        rank.output("total")
+        if r < reducing:
+            rank.all_reduce("total", total, out=SHAPE, line=REDUCE, group=group)
+            total = "total"
+        rank.output(total)
     return kit
 
 
@@ -73,3 +78,8 @@ def test_a_term_the_reference_does_not_add_is_not_this_mistake() -> None:
 
 def test_a_reduction_over_one_rank_adds_no_ranks_sums() -> None:
     assert term_coverage(_kit({0: [0, 1], 1: [1, 2]}, group=(0,)).context(), [0]) is None
+
+
+def test_an_all_reduce_only_one_rank_makes_pairs_with_nothing() -> None:
+    # rank 1 returns its own sum: the collectives do not pair (another detector's finding)
+    assert term_coverage(_kit({0: [0, 1], 1: [2, 3]}, reducing=1).context(), [0]) is None
