@@ -6,7 +6,6 @@ tile the reduction."""
 
 from __future__ import annotations
 
-import pytest
 from evidence_kit import PARALLEL_FILE, REFERENCE_FILE, Kit, at, frame
 
 from shardproof.graph.model import Collective
@@ -162,12 +161,6 @@ def test_a_bias_added_before_the_all_reduce_is_reported_at_the_addition() -> Non
     assert found.expected == "mlp.down.bias added once, after the all-reduce"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bias-before-reduction counts the bias len(ctx.ev.ranks) times (4, the world) where the all-reduce "
-    "adds it over its group (2 ranks of a tensor-parallel pair): the message contradicts the reduction",
-)
 def test_a_bias_added_before_a_pairs_all_reduce_is_counted_by_the_pair() -> None:
     kit = _tensor_parallel_pairs()
     _with_bias(kit)
@@ -206,12 +199,6 @@ def test_a_partial_sum_reduced_early_and_again_with_another_is_reported_at_the_e
     assert again.note == "the all-reduce that reduces it again"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="partial_misuse's duplicate-reduction counts len(ctx.ev.ranks) (4, the world) where the second "
-    "all-reduce adds the value over its group (2 ranks of a tensor-parallel pair)",
-)
 def test_a_value_reduced_twice_in_a_pair_counts_the_pair() -> None:
     found = _check(_early_and_again(_tensor_parallel_pairs()))
     assert found is not None and found.kind == "duplicate-reduction"

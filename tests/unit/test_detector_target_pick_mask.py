@@ -6,7 +6,6 @@ the pick; a pick that does all three right is no finding."""
 
 from __future__ import annotations
 
-import pytest
 from evidence_kit import I64, PARALLEL_FILE, REFERENCE_FILE, Kit, at
 
 from shardproof.localize.detectors.target_pick_mask import target_pick_mask
@@ -63,13 +62,6 @@ def test_a_mask_keeping_other_targets_is_reported_at_the_mask() -> None:
     assert found.reference is not None and (found.reference.file, found.reference.line) == (REFERENCE_FILE, 10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="target_pick_mask reads the mask without the classes the rank holds (mask_interval(..., rows=None)), "
-    "so a wrong bound is reported at the `|` of the two comparisons, not at the comparison to change as "
-    "embedding_mask does",
-)
 def test_a_wrong_bound_is_reported_at_its_comparison() -> None:
     assert at(_check(_kit({1: (8, 12, 8)}))) == (PARALLEL_FILE, ABOVE)
     assert at(_check(_kit({1: (4, 16, 8)}))) == (PARALLEL_FILE, BELOW)

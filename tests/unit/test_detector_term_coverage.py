@@ -55,7 +55,7 @@ def test_an_expert_added_on_two_ranks_and_one_on_none_are_reported_at_the_all_re
     assert found is not None and found.kind == "wrong-shard"
     assert at(found) == (PARALLEL_FILE, REDUCE)
     assert "the reference's sum of 4 terms" in found.message
-    assert found.found == "terms 1 are added on ranks 0, 1; terms 3 on no rank (rank 0: 0, 1, rank 1: 1, 2)"
+    assert found.found == "term 1 is added on ranks 0, 1; term 3 on no rank (rank 0: 0, 1, rank 1: 1, 2)"
     assert found.expected == "each of the 4 terms added on exactly one rank"
     assert found.reference is not None and (found.reference.file, found.reference.line) == (REFERENCE_FILE, 12)
     assert found.ranks == [0, 1] and found.parallel_nodes == ["rank0/total", "rank1/total"]

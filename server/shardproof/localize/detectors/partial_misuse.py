@@ -6,6 +6,8 @@ and their consumers on the rank."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from ...graph.model import Node
 from ...results import Discrepancy, Site
 from ...verify.relations_found import Relation
@@ -70,7 +72,7 @@ def _partial_consumed(
             num, den, share_node = share
             width = rel.end - rel.start
             if width * den != rel.total * num:
-                counted = f"{num * rel.total}/{den * width}" if width else "?"
+                counted = _fraction(Fraction(num * rel.total, den * width)) if width else "?"
                 return Discrepancy(
                     kind="wrong-scaling",
                     message=f"this rank adds {num}/{den} of {ctx.ref_value_name(share_node)} to a partial sum "
@@ -94,7 +96,7 @@ def _partial_consumed(
             return Discrepancy(
                 kind="duplicate-reduction",
                 message=f"this all-reduce completes a partial sum that is then added to another partial sum "
-                f"and all-reduced again with it, so it counts {len(ctx.ev.ranks)} times",
+                f"and all-reduced again with it, so it counts {_group_size(ctx, reduction)} times",
                 # a reduction helper's own line is shared with the later all-reduce: its caller
                 primary=ctx.rank_site(
                     early, innocent={line_of(f) for f in reduction.site.frames} if reduction.site else None
@@ -118,7 +120,7 @@ def _partial_consumed(
             return Discrepancy(
                 kind="bias-before-reduction",
                 message=f"{parameter} is added to a partial sum on every rank before the all-reduce, so it "
-                f"is counted {len(ctx.ev.ranks)} times",
+                f"is counted {_group_size(ctx, reduction)} times",
                 primary=ctx.rank_site(consumer),
                 reference=reference_site,
                 related=[s for s in [ctx.rank_site(reduction, "the all-reduce that sums the biases")] if s],
@@ -284,3 +286,13 @@ def _share_site(ctx: Context, rank: int, value: str) -> Site | None:
     if node is not None:
         return ctx.rank_site(node, "the share is computed here")
     return ctx.provenance_site(rank, value)
+
+
+def _group_size(ctx: Context, reduction: Node) -> int:
+    """How many ranks' values an all-reduce adds: its group's (the whole world without one)."""
+    group = reduction.collective.group if reduction.collective else ()
+    return len(group) if group else len(ctx.ev.ranks)
+
+
+def _fraction(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"

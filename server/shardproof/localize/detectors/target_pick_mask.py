@@ -29,7 +29,7 @@ def target_pick_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | N
         if not shard:
             continue
         start, end = shard[0].ranges[0]
-        kept, offset, mask_node = mask_interval(ctx, nodes, nodes.get(node.inputs[1]))
+        kept, offset, mask_node = mask_interval(ctx, nodes, nodes.get(node.inputs[1]), (start, end))
         problems = []
         culprit: Node | None = None
         if kept is not None and kept != (start, end):

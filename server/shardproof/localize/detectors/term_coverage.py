@@ -87,9 +87,9 @@ def _coverage(
     problems = []
     if twice:
         owners = sorted(r for r, p in held.items() if set(p) & set(twice))
-        problems.append(f"terms {_listed(twice)} are added on ranks {_listed(owners)}")
+        problems.append(f"{_terms(twice)} {'is' if len(twice) == 1 else 'are'} added on ranks {_listed(owners)}")
     if never:
-        problems.append(f"terms {_listed(never)} on no rank")
+        problems.append(f"{_terms(never)} on no rank")
     held_text = ", ".join(f"rank {r}: {_listed(p) or 'none'}" for r, p in sorted(held.items()))
     reduction = next(iter(reductions.values()))
     ref_node = ctx.ref_nodes.get(chain)
@@ -146,6 +146,10 @@ def _position(ctx: Context, chain: str, term: str) -> int:
     if chain not in cache:
         cache[chain] = _sums(ctx.reference).terms[chain]
     return cache[chain].index(term)
+
+
+def _terms(positions: list[int]) -> str:
+    return f"term{'s' if len(set(positions)) > 1 else ''} {_listed(positions)}"
 
 
 def _listed(values: list[int]) -> str:
