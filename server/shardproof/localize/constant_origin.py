@@ -136,3 +136,17 @@ def _allowed(candidate: NumberStep, needed: float) -> bool:
 
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=_TOLERANCE, abs_tol=1e-12)
+
+
+def widest_on_line(root: NumberStep, step: NumberStep) -> NumberStep:
+    """The whole expression on `step`'s line that computes from it (`1.0 / math.sqrt(q)` rather
+    than `math.sqrt(q)`)."""
+    if step.frame is None:
+        return step
+    line = (step.frame.file, step.frame.line)
+    best = step
+    for s in root.ancestors():
+        on_line = s.frame is not None and (s.frame.file, s.frame.line) == line
+        if on_line and s.order > best.order and any(a is step for a in s.ancestors()):
+            best = s
+    return best

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import math
 
-from ...graph.model import Node
-from ...results import Discrepancy
+from ...graph.model import Frame, Node
+from ...results import Discrepancy, Site
 from ..assignments import assignment_of_used_name
+from ..constant_origin import constant_origin, widest_on_line
 from ..context import Context
+from ..kept_numbers import kept_number
+from ..sites import to_site
 from ..wording import describe_op
 
 # literal attributes that are numbers the program computed (not structure: dims, shapes)
@@ -35,18 +38,21 @@ def wrong_constant(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
     key = differing[0]
     expected, used = ref_node.attrs.get(key), aligned.attrs.get(key)
     frame = ctx.rank_frame(aligned)
-    assigned = assignment_of_used_name(frame) if frame is not None else None
     op_site = ctx.rank_site(aligned, f"the {describe_op(aligned)} uses it here")
-    if assigned is not None:
+    traced = _traced_origin(ctx, aligned, frame, rank, expected, used)
+    assigned = assignment_of_used_name(frame) if frame is not None and traced is None else None
+    if traced is not None:
+        primary, related_sites, name = traced[0], [s for s in [op_site] if s is not None and traced[0] != s], traced[1]
+    elif assigned is not None:
         primary = ctx.site_at(assigned, f"{assigned.name} is computed here")
-        related_sites = [s for s in [op_site] if s is not None]
+        related_sites, name = [s for s in [op_site] if s is not None], assigned.name
     else:
-        primary, related_sites = op_site, []
+        primary, related_sites, name = op_site, [], None
     what = "scale" if key == "scale" else "number"
     return Discrepancy(
         kind="wrong-constant",
         message=f"rank {rank} computes the reference's {describe_op(ref_node)} with the {what} {_show(used)} "
-        f"where the reference uses {_show(expected)}" + (f" ({assigned.name})" if assigned is not None else ""),
+        f"where the reference uses {_show(expected)}" + (f" ({name})" if name is not None else ""),
         primary=primary,
         reference=ctx.ref_site(ref_node, f"the reference uses {_show(expected)} here"),
         related=related_sites,
@@ -55,9 +61,37 @@ def wrong_constant(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
         expected=f"{_show(expected)}, as the reference computes it (from the full sizes, not this rank's share)",
         found=_show(used),
         suggestion="compute the number from the whole model's sizes (heads, width) rather than this rank's"
-        if assigned is not None
+        if primary is not op_site
         else f"use {_show(expected)} here",
     )
+
+
+def _traced_origin(
+    ctx: Context, aligned: Node, frame: Frame | None, rank: int, expected: object, used: object
+) -> tuple[Site | None, str] | None:
+    """Where a number the builder computed from the world size and kept on the module went wrong
+    (constant_origin.py): the computation that makes it wrong, or, when only a per-rank share
+    could change it (the share is right as a share), the operation that uses it."""
+    if frame is None or rank >= len(ctx.ev.rank_numbers):
+        return None
+    if not isinstance(expected, int | float) or not isinstance(used, int | float):
+        return None
+    kept = kept_number(aligned.site, frame, ctx.ev.rank_numbers[rank])
+    if kept is None:
+        return None
+    step, name = kept
+    # the operation holds the number itself, or its inverse (x / c written as x * (1 / c))
+    if math.isclose(float(used), float(step.value), rel_tol=1e-9):
+        target = float(expected)
+    elif used and expected and math.isclose(float(used), 1 / float(step.value), rel_tol=1e-9):
+        target = 1 / float(expected)
+    else:
+        return None
+    culprit = constant_origin(step, target)
+    if culprit is None:
+        return ctx.rank_site(aligned, f"{name} is right as this rank's share; this use needs the whole size"), name
+    shown = widest_on_line(step, culprit)
+    return to_site(shown.frame, f"{name} is computed from this"), name
 
 
 def _differ(expected: object, used: object) -> bool:
