@@ -36,7 +36,9 @@ class FunctionLowering:
         if upcast != src_meta.dtype:
             source = self.add(fx, "unary", [source], {"fn": f"cast_{upcast}"}, wide, suffix=".upcast")
         squared = self.add(fx, "scalar", [source], {"fn": "pow", "value": 2}, wide, suffix=".square")
-        mean = self.add(fx, "reduce", [squared], {"fn": "mean", "dim": -1, "keepdim": True}, kept, suffix=".mean")
+        # the mean as sum / width, as `_reduce` writes every mean
+        total = self.add(fx, "reduce", [squared], {"fn": "sum", "dim": -1, "keepdim": True}, kept, suffix=".sum")
+        mean = self.add(fx, "scalar", [total], {"fn": "div", "value": src_meta.shape[-1]}, kept, suffix=".mean")
         shifted = self.add(fx, "scalar", [mean], {"fn": "add", "value": _literal(eps)}, kept, suffix=".eps")
         inverse = self.add(fx, "unary", [shifted], {"fn": "rsqrt"}, kept, suffix=".rsqrt")
         steps: list[tuple[str, list[str], dict[str, Any]]] = [("binary", [source, inverse], {"fn": "mul"})]
