@@ -198,6 +198,8 @@ def inline(builder: _Builder, fx: torch.fx.Node) -> bool:
     placeholders = [node for node in nodes if node.op == "placeholder"]
     for placeholder, argument in zip(placeholders, tensors, strict=True):
         builder.alias[placeholder.name] = builder.value(argument)
+        if argument.name in builder.folder.values:  # a constant argument: its value inside too
+            builder.folder.values[placeholder.name] = builder.folder.values[argument.name]
     inherited = {key: value for key, value in fx.meta.items() if key != "val"}
     mark = len(builder.graph.nodes)
     builder.decomposition_depth += 1

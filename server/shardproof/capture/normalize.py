@@ -42,6 +42,7 @@ from ..errors import UserCodeError
 from ..graph.model import Collective, Graph, Node, Placeholder, TensorMeta
 from ..relations.expr import norm_dim
 from . import decompose
+from .folding import ConstantFolder, value_digest
 from .lower_contractions import ContractionLowering
 from .lower_functions import FunctionLowering
 from .lower_indexing import IndexingLowering
@@ -95,6 +96,7 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         # complex value id -> ids of its real and imaginary parts (complex arithmetic in real terms)
         self.complex_parts: dict[str, tuple[str, str]] = {}
         self.decomposition_depth = 0  # how deep decompose.inline is in its own decompositions
+        self.folder = ConstantFolder()  # values computed from constants alone (folding.py)
 
     # -- helpers ----------------------------------------------------------------------------------
     def value(self, arg: Any) -> str:
@@ -192,6 +194,14 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         return self.graph
 
     def convert(self, fx: torch.fx.Node) -> None:
+        self._convert(fx)
+        value = self.folder.fold(fx)
+        if value is not None:
+            node = self.nodes_by_id.get(self.alias.get(fx.name, fx.name))
+            if node is not None and node.meta.shape == tuple(value.shape):
+                node.attrs["folded"] = value_digest(value)
+
+    def _convert(self, fx: torch.fx.Node) -> None:
         target = fx.target
         if target is operator.getitem:
             self.getitem(fx)

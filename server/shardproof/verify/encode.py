@@ -233,7 +233,15 @@ class Encoder:
 
     def node_term(self, graph: Graph, node: Node, name: str, ins: list[str] | None = None) -> None:
         """Let `name` be the node's term: of its inputs' terms, or (`ins`) of other terms
-        standing for them (the unscaled terms of `_factored`)."""
+        standing for them (the unscaled terms of `_factored`). A value the capture computed
+        from constants alone (capture/folding.py) is also that constant: equal constants are
+        one value, whatever operations made them."""
+        self._node_term(graph, node, name, ins)
+        folded = node.attrs.get("folded")
+        if folded and ins is None:
+            self.commands.append(f"(union {name} (Const {_q(folded)}))")
+
+    def _node_term(self, graph: Graph, node: Node, name: str, ins: list[str] | None = None) -> None:
         own_inputs = ins is None
         if ins is None:
             if self.factor_out and self._factored(graph, node, name):
