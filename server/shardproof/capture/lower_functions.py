@@ -56,6 +56,12 @@ class FunctionLowering:
     def op_scaled_dot_product_attention(
         self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta
     ) -> bool:
+        """Attention written out as its documented math (decompose.py `_attention`): every step
+        is an operation the rules follow on heads, so a reference calling `F.scaled_dot_product_attention`
+        and a program that writes attention out by hand (einsum, scale, masked_fill, softmax) meet
+        in the same operations. With an explicit mask it stays one operation."""
+        if decompose.inline(self, fx):
+            return True
         q, k, v = (self.value(a) for a in args[:3])
         mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
         dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)

@@ -23,6 +23,7 @@ from ..relations import expr as px
 from .language import quoted as _q
 from .layout_facts import broadcast_facts, expand_facts, permute_facts, view_facts
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
+from .permutations import Permutations
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
 from .sum_forms import SumForms
 
@@ -77,6 +78,8 @@ class Encoder:
         self.scaled: dict[tuple[str, str], tuple[str, Fraction]] = {}
         self._collective_factors: dict[tuple[str, str], Fraction] = {}
         self.sums = SumForms()  # chains of additions as multisets of their terms (sum_forms.py)
+        # permutations of permutations and of repeats, stated as one (permutations.py)
+        self.permutations = Permutations(self._permuted_term, self.commands.append)
 
     # -- term plumbing ------------------------------------------------------------------------------
     def _name(self, graph: str, value_id: str) -> str:
@@ -191,6 +194,10 @@ class Encoder:
         self.commands.extend(permute_facts(name, perm))
         return name
 
+    def _permuted_term(self, src: str, perm: list[int]) -> str:
+        shape = self.meta_of[src].shape
+        return self._permute(src, perm, TensorMeta(tuple(shape[p] for p in perm), self.meta_of[src].dtype))
+
     def _expand(self, src: str, src_shape: tuple[int, ...], meta: TensorMeta) -> str:
         name = self.let(self._fresh("expand"), f"(Expand {src} {_q(_shape_text(meta.shape))})", meta)
         self.commands.extend(expand_facts(name, src_shape, meta.shape))
@@ -263,9 +270,11 @@ class Encoder:
             for source, dim, times in self._repeat_patterns(graph, node) if own_inputs else ():
                 # The chain is repeat_interleave: state the identity so the repeat rules apply.
                 self.commands.append(f"(union {name} (Rep {self.term(graph, source)} {dim} {times}))")
+                self.permutations.note_repeat(name, self.term(graph, source), dim, times)
         elif op == "permute":
             self.let(name, f"(Permute {ins[0]} {_q(_shape_text(a['perm']))})", meta)
             self.commands.extend(permute_facts(name, list(a["perm"])))
+            self.permutations.note_permute(name, ins[0], list(a["perm"]))
         elif op == "expand":
             self.let(name, f"(Expand {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             self.commands.extend(expand_facts(name, self.meta_of[ins[0]].shape, meta.shape))
