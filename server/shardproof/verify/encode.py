@@ -16,7 +16,6 @@ import math
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 from ..graph.model import Collective, Graph, Node, TensorMeta
 from ..relations import expr as px
@@ -25,6 +24,7 @@ from .layout_facts import broadcast_facts, expand_facts, permute_facts, view_fac
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
 from .permutations import Permutations
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
+from .scalars import fill_value, scalar_term, scaled_term
 from .sum_forms import SumForms
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -664,42 +664,7 @@ def _mismatch(
     return None
 
 
-def scalar_term(fn: str, operand: str, value: Any) -> str:
-    if isinstance(value, bool):
-        value = int(value)
-    if fn in ("mul", "div") and isinstance(value, float) and math.isfinite(value) and value != 0:
-        exact = Fraction(value)
-        if exact.numerator == 1 and exact.denominator > 1:
-            # times 1/n is division by n, and division by 1/n is times n: exactly so when the float
-            # is exactly 1/n (a power of two), e.g. baddbmm's alpha 0.5 and a division by 2.0
-            fn, value = ("div" if fn == "mul" else "mul"), exact.denominator
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        value = int(value)
-    if isinstance(value, int):
-        return f"(ScI {_q(fn)} {operand} {value})"
-    return f"(Sc {_q(fn)} {operand} {_q(repr(value))})"
-
-
-def fill_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return repr(float(value))
-    if isinstance(value, int | float):
-        return repr(float(value))
-    return str(value)
-
-
 SCALED_SUFFIX = "#unscaled"
-
-
-def scaled_term(term: str, factor: Fraction) -> str:
-    """factor * term, written the same way wherever the same factor appears."""
-    if factor == 1:
-        return term
-    if factor.denominator != 1:
-        term = f'(ScI "div" {term} {factor.denominator})'
-    if factor.numerator != 1:
-        term = f'(ScI "mul" {term} {factor.numerator})'
-    return term
 
 
 # ops linear in every input (the factor is the product of the inputs' factors) and ops linear in
