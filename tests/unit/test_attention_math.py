@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from term_values import unions_hold
 from torch import nn
 
 from shardproof.capture import folding
 from shardproof.capture.decompose import _attention
 from shardproof.capture.normalize import to_graph
 from shardproof.graph.model import Graph
-from shardproof.rulecheck.meaning import Evaluator, Unbound, Undefined, same
-from shardproof.rulecheck.sexpr import head, read_all
 from shardproof.verify.encode import encode_unit
 
 
@@ -79,26 +78,6 @@ def test_attention_with_an_explicit_mask_stays_one_operation() -> None:
     assert [n.op for n in graph.nodes] == ["sdpa"]
 
 
-def _unions_hold(commands: list[str], inputs: dict[str, torch.Tensor]) -> int:
-    """Evaluate the encoder's terms on `inputs` (meaning.py) and check every union it states
-    between terms with values (constants have none here); the number checked."""
-    env: dict[str, object] = {}
-    evaluate = Evaluator(env)
-    checked = 0
-    for form in read_all("\n".join(commands)):
-        try:
-            if head(form) == "let":
-                term = form[2]
-                env[form[1].name] = inputs[term[1].text] if head(term) == "Input" else evaluate(term)
-            elif head(form) == "union":
-                left, right = evaluate(form[1]), evaluate(form[2])
-                assert same(left, right), form
-                checked += 1
-        except (Unbound, Undefined, ValueError, KeyError):
-            continue  # a term over a constant or a parameter: no value to check here
-    return checked
-
-
 def test_a_permutation_of_a_permutation_is_stated_as_one_and_holds() -> None:
     def moved(x):
         return x.transpose(1, 2).transpose(-2, -1), x.permute(0, 2, 1, 3).permute(0, 2, 1, 3)
@@ -108,7 +87,7 @@ def test_a_permutation_of_a_permutation_is_stated_as_one_and_holds() -> None:
     composed = [c for c in commands if c.startswith("(let ") and '"0,2,3,1"' in c]
     assert composed, "the two transposes are one permutation of x"
     x = torch.randn(2, 3, 4, 5, dtype=torch.float64)
-    assert _unions_hold(commands, {"0": x}) == 2  # the composed permutation, and the identity
+    assert unions_hold(commands, {"0": x}) == 2  # the composed permutation, and the identity
 
 
 def test_a_permutation_of_repeated_heads_is_stated_as_the_repeat_of_the_permuted_heads() -> None:
@@ -117,4 +96,4 @@ def test_a_permutation_of_repeated_heads_is_stated_as_the_repeat_of_the_permuted
     commands = encode_unit(graph, {}, []).commands
     assert any(c.startswith("(union ") and "(Rep " in c and " -3 3)" in c for c in commands)
     k = torch.randn(2, 5, 2, 4, dtype=torch.float64)
-    assert _unions_hold(commands, {"0": k}) >= 2  # the repeat itself, and its permutation
+    assert unions_hold(commands, {"0": k}) >= 2  # the repeat itself, and its permutation

@@ -4,6 +4,7 @@ constant is one value however a program writes it, and the encoder says so."""
 from __future__ import annotations
 
 import torch
+from term_values import unions_hold
 from torch import nn
 
 from shardproof.capture import folding
@@ -70,3 +71,28 @@ def test_the_encoder_states_a_folded_value_is_its_constant() -> None:
     commands = encode_unit(graph, {}, []).commands
     digest = folding.value_digest(torch.ones(4, 4, dtype=torch.bool).triu(1))
     assert sum(f'(Const "{digest}")' in c and c.startswith("(union ") for c in commands) >= 1
+
+
+def test_adding_a_mask_of_zeros_and_minus_infinity_is_filling_its_positions() -> None:
+    def biased(x):
+        bias = torch.triu(torch.full((4, 4), float("-inf"), device=x.device), diagonal=1)
+        return x + bias
+
+    graph = _graph(biased, (2, 4, 4))
+    (add,) = [n for n in graph.nodes if n.op == "binary" and n.attrs["fn"] == "add"]
+    bias = graph.node_map()[add.inputs[1]]
+    future = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    assert bias.attrs["neg_inf_at"] == folding.value_digest(future)
+    commands = encode_unit(graph, {}, []).commands
+    assert any("(Fill " in c and c.startswith("(union ") for c in commands)
+    x = torch.randn(2, 4, 4, dtype=torch.float64)
+    constants = {
+        folding.value_digest(future): future,
+        bias.attrs["folded"]: torch.triu(torch.full((4, 4), float("-inf"), dtype=torch.float64), diagonal=1),
+    }
+    assert unions_hold(commands, {"0": x}, constants) >= 1
+
+
+def test_a_mask_with_other_values_is_no_fill() -> None:
+    graph = _graph(lambda x: x + torch.triu(torch.full((4, 4), -1e9, device=x.device), diagonal=1), (4, 4))
+    assert not any("neg_inf_at" in n.attrs for n in graph.nodes)

@@ -8,7 +8,9 @@ tensor inputs are all such constants (factories with literal arguments first) is
 torch, on CPU, and its value's digest (dtype, shape and contents) is recorded on the node the
 normalizer made for it (`attrs["folded"]`). The encoder states that the node's value is that
 constant (`encode.py`), so equal constants are one value whatever operations made them: a fact
-of evaluation, sound for any program. Only values of at most `MAX_ELEMENTS` elements are
+of evaluation, sound for any program. A float constant that is 0 or -inf everywhere (an additive
+causal mask) also records where it is -inf (`attrs["neg_inf_at"]`): adding it to scores is the
+masked_fill of those positions. Only values of at most `MAX_ELEMENTS` elements are
 evaluated (a mask of a 1024-token sequence); larger ones keep their structure only.
 """
 
@@ -34,6 +36,18 @@ def value_digest(value: torch.Tensor) -> str:
     digest = hashlib.sha256(f"{value.dtype!s}|{tuple(value.shape)}|".encode())
     digest.update(contents.cpu().numpy().tobytes())
     return "value:" + digest.hexdigest()[:24]
+
+
+def masked_positions(value: torch.Tensor) -> str | None:
+    """The digest of where an additive mask is -inf, for a float constant that is 0 or -inf
+    everywhere (`triu(full(-inf), 1)`, a causal bias): adding it to finite scores is filling
+    those positions with -inf (the encoder states so)."""
+    if not value.is_floating_point() or value.numel() == 0:
+        return None
+    negative = value == float("-inf")
+    if not bool(negative.any()) or not bool((negative | (value == 0)).all()):
+        return None
+    return value_digest(negative)
 
 
 class ConstantFolder:
@@ -80,4 +94,4 @@ class ConstantFolder:
         return value
 
 
-__all__ = ["MAX_ELEMENTS", "ConstantFolder", "value_digest"]
+__all__ = ["MAX_ELEMENTS", "ConstantFolder", "masked_positions", "value_digest"]

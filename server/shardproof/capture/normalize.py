@@ -42,7 +42,7 @@ from ..errors import UserCodeError
 from ..graph.model import Collective, Graph, Node, Placeholder, TensorMeta
 from ..relations.expr import norm_dim
 from . import decompose
-from .folding import ConstantFolder, value_digest
+from .folding import ConstantFolder, masked_positions, value_digest
 from .lower_contractions import ContractionLowering
 from .lower_functions import FunctionLowering
 from .lower_indexing import IndexingLowering
@@ -200,6 +200,9 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             node = self.nodes_by_id.get(self.alias.get(fx.name, fx.name))
             if node is not None and node.meta.shape == tuple(value.shape):
                 node.attrs["folded"] = value_digest(value)
+                masked = masked_positions(value)
+                if masked is not None:
+                    node.attrs["neg_inf_at"] = masked
 
     def _convert(self, fx: torch.fx.Node) -> None:
         target = fx.target

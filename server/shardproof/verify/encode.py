@@ -78,6 +78,7 @@ class Encoder:
         self.scaled: dict[tuple[str, str], tuple[str, Fraction]] = {}
         self._collective_factors: dict[tuple[str, str], Fraction] = {}
         self.sums = SumForms()  # chains of additions as multisets of their terms (sum_forms.py)
+        self._graph_nodes: dict[str, dict[str, Node]] = {}  # graph name -> its nodes by id
         # permutations of permutations and of repeats, stated as one (permutations.py)
         self.permutations = Permutations(self._permuted_term, self.commands.append)
 
@@ -244,9 +245,27 @@ class Encoder:
         from constants alone (capture/folding.py) is also that constant: equal constants are
         one value, whatever operations made them."""
         self._node_term(graph, node, name, ins)
+        if ins is not None:
+            return
         folded = node.attrs.get("folded")
-        if folded and ins is None:
+        if folded:
             self.commands.append(f"(union {name} (Const {_q(folded)}))")
+        if node.op == "binary" and node.attrs["fn"] == "add":
+            self._additive_mask(graph, node, name)
+
+    def _additive_mask(self, graph: Graph, node: Node, name: str) -> None:
+        """Scores plus a constant that is 0 or -inf everywhere (an additive causal mask, Meta's
+        Llama) are the scores filled with -inf where the constant is: x + 0 = x and x + -inf = -inf
+        for every real x. Stated when the scores have the sum's shape (the mask broadcasts)."""
+        nodes = self._graph_nodes.get(graph.name)
+        if nodes is None:
+            nodes = self._graph_nodes[graph.name] = graph.node_map()
+        for mask_input, scores_input in ((1, 0), (0, 1)):
+            mask = nodes.get(node.inputs[mask_input])
+            where = mask.attrs.get("neg_inf_at") if mask is not None else None
+            scores = self.term(graph, node.inputs[scores_input])
+            if where and self.meta_of[scores].shape == node.meta.shape:
+                self.commands.append(f'(union {name} (Fill {scores} (Const {_q(where)}) "-inf"))')
 
     def _node_term(self, graph: Graph, node: Node, name: str, ins: list[str] | None = None) -> None:
         own_inputs = ins is None
