@@ -97,3 +97,15 @@ def test_a_permutation_of_repeated_heads_is_stated_as_the_repeat_of_the_permuted
     assert any(c.startswith("(union ") and "(Rep " in c and " -3 3)" in c for c in commands)
     k = torch.randn(2, 5, 2, 4, dtype=torch.float64)
     assert unions_hold(commands, {"0": k}) >= 2  # the repeat itself, and its permutation
+
+
+def test_a_part_of_the_attention_and_a_mean_are_named_as_the_user_called_them() -> None:
+    from shardproof.localize.wording import describe_op
+
+    graph = _graph(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True).mean(dim=-2), *[(2, 4, 6, 8)] * 3
+    )
+    names = [describe_op(n) for n in graph.nodes]
+    assert "matmul in the attention" in names
+    assert "mul by 0.353553 in the attention" in names
+    assert names[-1] == "mean (the division by 6)"

@@ -270,11 +270,18 @@ def inline(builder: _Builder, fx: torch.fx.Node) -> bool:
             builder.metas.pop(node.id, None)
         del builder.graph.nodes[mark:]
         return False
+    for node in builder.graph.nodes[mark:]:  # the operation they are part of (for the localizer's words)
+        node.attrs["within"] = _target_name(fx)
     if isinstance(outputs, str):
         builder.alias[fx.name] = outputs
     else:
         builder.multi[fx.name] = outputs
     return True
+
+
+def _target_name(fx: torch.fx.Node) -> str:
+    target = fx.target
+    return str(target.name()) if isinstance(target, torch._ops.OpOverload) else str(target)
 
 
 def _value_or_none(builder: _Builder, argument: Any) -> str | None:

@@ -331,7 +331,7 @@ class Encoder:
         elif op == "pick":
             self.let(name, f"(Pick {ins[0]} {ins[1]} {a['dim']})", meta)
         elif op == "sdpa":
-            attrs = _q(json.dumps(a, sort_keys=True))
+            attrs = _q(json.dumps({k: a.get(k) for k in ("enable_gqa", "is_causal", "scale")}, sort_keys=True))
             if len(ins) == 4:
                 self.let(name, f"(SdpaMask {ins[0]} {ins[1]} {ins[2]} {ins[3]} {attrs})", meta)
             else:
