@@ -28,6 +28,9 @@ from .scalars import fill_value, scalar_term, scaled_term
 from .sum_forms import SumForms
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
+# ops whose dim maps are facts about their term's e-class (layout_facts.py): a value of one is
+# never stated equal to a value made another way (one class, two sources, mixed dim maps)
+_MOVEMENT_WITH_DIM_FACTS = ("view", "permute", "expand")
 
 
 def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
@@ -79,6 +82,7 @@ class Encoder:
         self._collective_factors: dict[tuple[str, str], Fraction] = {}
         self.sums = SumForms()  # chains of additions as multisets of their terms (sum_forms.py)
         self._graph_nodes: dict[str, dict[str, Node]] = {}  # graph name -> its nodes by id
+        self._permutations_stated: set[tuple[int, ...]] = set()
         # permutations of permutations and of repeats, stated as one (permutations.py)
         self.permutations = Permutations(self._permuted_term, self.commands.append)
 
@@ -192,8 +196,14 @@ class Encoder:
 
     def _permute(self, src: str, perm: list[int], meta: TensorMeta) -> str:
         name = self.let(self._fresh("perm"), f"(Permute {src} {_q(_shape_text(perm))})", meta)
-        self.commands.extend(permute_facts(name, perm))
+        self._permutation_facts(perm)
         return name
+
+    def _permutation_facts(self, perm: list[int]) -> None:
+        """The dim map of a permutation, once per permutation (facts about it, not its terms)."""
+        if tuple(perm) not in self._permutations_stated:
+            self._permutations_stated.add(tuple(perm))
+            self.commands.extend(permute_facts(perm))
 
     def _permuted_term(self, src: str, perm: list[int]) -> str:
         shape = self.meta_of[src].shape
@@ -243,12 +253,13 @@ class Encoder:
         """Let `name` be the node's term: of its inputs' terms, or (`ins`) of other terms
         standing for them (the unscaled terms of `_factored`). A value the capture computed
         from constants alone (capture/folding.py) is also that constant: equal constants are
-        one value, whatever operations made them."""
+        one value, whatever operations made them (except a view, permutation or expansion, whose
+        dim facts belong to how it was made: the values computed from it are stated instead)."""
         self._node_term(graph, node, name, ins)
         if ins is not None:
             return
         folded = node.attrs.get("folded")
-        if folded:
+        if folded and node.op not in _MOVEMENT_WITH_DIM_FACTS:
             self.commands.append(f"(union {name} (Const {_q(folded)}))")
         if node.op == "binary" and node.attrs["fn"] == "add":
             self._additive_mask(graph, node, name)
@@ -292,7 +303,7 @@ class Encoder:
                 self.permutations.note_repeat(name, self.term(graph, source), dim, times)
         elif op == "permute":
             self.let(name, f"(Permute {ins[0]} {_q(_shape_text(a['perm']))})", meta)
-            self.commands.extend(permute_facts(name, list(a["perm"])))
+            self._permutation_facts(list(a["perm"]))
             self.permutations.note_permute(name, ins[0], list(a["perm"]))
         elif op == "expand":
             self.let(name, f"(Expand {ins[0]} {_q(_shape_text(meta.shape))})", meta)

@@ -9,8 +9,11 @@ identities of data movement, stated for every permutation the encoder writes:
   x.permute(p).permute(q) == x.permute([p[i] for i in q])    (x itself when that is the identity)
   x.repeat_interleave(m, d).permute(p) == x.permute(p).repeat_interleave(m, p.index(d))
 
-Each permutation a statement needs is written once (`Permutations.permute`), and states its own
-identities in turn, so a chain of permutations and repeats meets its shortest form.
+Each permutation a statement needs is written once (`Permutations.permute`) and states its own
+identities in turn, so a chain of permutations and repeats meets its shortest form while every
+form the programs wrote stays a term the rules can match. (A permutation's dim map is a fact
+about the permutation, `pmap`, not about its e-class, so one class may hold permutations of
+different sources.)
 """
 
 from __future__ import annotations

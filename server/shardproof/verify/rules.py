@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "16"
+RULE_LIBRARY_VERSION = "17"
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ _rule(
     "permute-moves-selection",
     "layout",
     "a permutation moves the selected dim",
-    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (sel X x di R) (pmap Y di do)) ((sel Y y do R)))",
+    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (sel X x di R) (pmap p di do)) ((sel Y y do R)))",
 )
 _rule(
     "expand-keeps-selection",
@@ -268,7 +268,7 @@ _rule(
     "window-permute",
     "layout",
     "a permutation moves a window selection",
-    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (selw X x di lo hi n) (pmap Y di do)) ((selw Y y do lo hi n)))",
+    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (selw X x di lo hi n) (pmap p di do)) ((selw Y y do lo hi n)))",
 )
 
 # ---------------------------------------------------------------------------------------------
