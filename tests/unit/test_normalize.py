@@ -143,3 +143,13 @@ def test_a_decomposition_that_writes_into_fresh_memory_is_not_taken() -> None:
     graph = _graph(lambda a, b: torch.view_as_real(torch.polar(a, b)), (2, 3), (2, 3))
     assert not any(n.op == "uninitialized" for n in graph.nodes)
     assert any("polar" in str(n.attrs.get("target", "")) for n in graph.nodes if n.op == "generic")
+
+
+def test_a_mean_cross_entropy_with_label_smoothing_names_every_step_once() -> None:
+    def loss(x, t):
+        return torch.nn.functional.cross_entropy(x.view(-1, 5), t.long().view(-1), label_smoothing=0.1)
+
+    graph = _graph(loss, (2, 3, 5), (2, 3))
+    ids = [n.id for n in graph.nodes]
+    assert len(ids) == len(set(ids))
+    assert graph.nodes[-1].attrs == {"fn": "div", "value": 6}  # the mean over the 6 tokens

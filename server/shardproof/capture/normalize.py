@@ -548,7 +548,7 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
                 del shape[current_meta.ndim + d]
             last = i == len(dims) - 1
             step_meta = TensorMeta(tuple(shape), meta.dtype) if last else TensorMeta(tuple(shape), current_meta.dtype)
-            suffix = (".sum" if divided else "") if last else f".{i}"
+            suffix = (".mean_sum" if divided else "") if last else f".{i}"
             attrs = {"fn": "sum" if fn == "mean" else fn, "dim": d, "keepdim": keepdim}
             current = self.add(fx, "reduce", [current], attrs, step_meta, suffix=suffix)
             current_meta = step_meta
