@@ -32,11 +32,12 @@ SIZES = {check["name"]: check["world-sizes"] for check in checks(CORPUS)}
 # off this list, so the list only shrinks.
 KNOWN_MISSES: dict[str, str] = {
     # helper: reported where the helper's number is used, never at the helper
-    # constant: reported where the constant is used, not where it is computed
-    "attention-scale-local-width": "wrong-layout at constants.py:20, the einsum that uses the scale",
-    "attention-scale-local-heads": "wrong-layout at constants.py:20, the einsum that uses the scale",
-    "norm-divisor-local-width": "not-equivalent with no primary site at all",
-    "mean-over-local-length": "not-equivalent at constants.py:121, the sequence chunk",
+    # constant: a wrong-constant with both numbers, reported where the number is used (the scale
+    # reaches the attention as an argument), not where it is computed; or at the assignment of the
+    # name the division reads, not at the division that should read another number
+    "attention-scale-local-width": "wrong-constant at constants.py:20, the einsum * scale that uses the scale",
+    "attention-scale-local-heads": "wrong-constant at constants.py:20, the einsum * scale that uses the scale",
+    "norm-divisor-local-width": "wrong-constant at constants.py:81, the assignment of self.local_width it reads",
 }
 
 _RESULTS: dict[str, object] = {}
@@ -102,6 +103,30 @@ def test_the_discrepancy_is_reported_at_the_line_to_change(name: str, sandbox) -
         assert primary is not None, (name, outcome.world_size)
         assert (Path(primary.file).resolve(), primary.line) == expected, (name, outcome.world_size, primary)
         assert primary.column is not None and primary.end_column is not None, primary
+
+
+# (case, world size) -> the number a rank uses and the one the reference computes there
+WRONG_CONSTANTS = {
+    ("attention-scale-local-width", 2): ("0.353553", "0.5"),  # 1/sqrt(8): a rank's two heads are 8 wide
+    ("attention-scale-local-heads", 2): ("0.353553", "0.5"),  # 16 // 2 heads
+    ("attention-scale-local-heads", 4): ("0.25", "0.5"),  # 16 // 1 head
+    ("norm-divisor-local-width", 2): ("16", "32"),
+    ("mean-over-local-length", 2): ("4", "8"),
+}
+
+
+@pytest.mark.parametrize(("name", "world_size"), list(WRONG_CONSTANTS))
+def test_a_number_from_the_local_sizes_is_a_wrong_constant(name: str, world_size: int, sandbox) -> None:
+    """The rank computes the reference's operation on related values with another number (the
+    reference's attention scale, the count its mean divides by): the report names both numbers,
+    and real runs differ."""
+    used, expected = WRONG_CONSTANTS[(name, world_size)]
+    (outcome,) = [o for o in _verified(name, sandbox).results if o.world_size == world_size]
+    found = outcome.discrepancies[0]
+    assert found.kind == "wrong-constant", (name, outcome.summary)
+    assert f"with the number {used} where the reference uses {expected}" in found.message, found.message
+    assert (found.found, found.expected.split(",")[0]) == (used, expected)
+    assert found.witness is not None and found.witness["status"] == "confirmed", found.witness
 
 
 _RANGE = re.compile(r"rank (\d+): \[(\d+):(\d+)\]")

@@ -30,7 +30,16 @@ def test_a_reduction_over_several_dims_reduces_each_of_them_in_turn() -> None:
 
 def test_a_mean_of_every_element_is_the_mean_of_the_flattened_value() -> None:
     graph = _graph(lambda x: x.mean(), (2, 3))
-    assert [(n.op, n.meta.shape) for n in graph.nodes] == [("view", (6,)), ("reduce", ())]
+    assert [(n.op, n.meta.shape) for n in graph.nodes] == [("view", (6,)), ("reduce", ()), ("scalar", ())]
+    assert graph.nodes[-1].attrs == {"fn": "div", "value": 6}
+
+
+def test_a_mean_is_the_sum_divided_by_the_number_of_elements_summed() -> None:
+    graph = _graph(lambda x: x.mean(dim=1, keepdim=True), (2, 3, 4))
+    (total, mean) = graph.nodes
+    assert (total.op, total.attrs["fn"], total.attrs["dim"], total.meta.shape) == ("reduce", "sum", -2, (2, 1, 4))
+    assert (mean.op, mean.inputs, mean.attrs) == ("scalar", (total.id,), {"fn": "div", "value": 3})
+    assert graph.outputs == [mean.id]
 
 
 def test_cross_entropy_is_written_out_over_the_unflattened_tokens() -> None:
@@ -96,7 +105,9 @@ def test_an_op_without_a_lowering_of_ours_is_written_as_torch_decomposes_it() ->
     graph = _graph(lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b), (2, 3, 4), (4,), (4,))
     ops = [n.op for n in graph.nodes]
     assert "generic" not in ops
-    assert [n.attrs["fn"] for n in graph.nodes if n.op == "reduce"] == ["mean", "sum", "mean"]  # var_mean, ours
+    # var_mean, ours: the mean, the sum of squared deviations, the mean (each mean a sum / count)
+    assert [n.attrs["fn"] for n in graph.nodes if n.op == "reduce"] == ["sum", "sum", "sum"]
+    assert [n.attrs["value"] for n in graph.nodes if n.op == "scalar" and n.attrs["fn"] == "div"][-1] == 4
     assert graph.nodes[-1].meta.shape == (2, 3, 4)
     site_lines = {n.site.innermost.line for n in graph.nodes if n.site is not None}
     assert len(site_lines) <= 1  # every operation of the decomposition is at the call's line
@@ -143,3 +154,13 @@ def test_a_product_with_a_boolean_mask_is_the_fill_of_its_negation_with_zero() -
     # a mask that the other factor broadcasts over stays a product: its shape is not the value's
     graph = _graph(lambda x, y: x * (y > 0), (3,), (2, 3))
     assert [n for n in graph.nodes if n.op == "binary" and n.attrs.get("fn") == "mul"]
+
+
+def test_a_mean_cross_entropy_with_label_smoothing_names_every_step_once() -> None:
+    def loss(x, t):
+        return torch.nn.functional.cross_entropy(x.view(-1, 5), t.long().view(-1), label_smoothing=0.1)
+
+    graph = _graph(loss, (2, 3, 5), (2, 3))
+    ids = [n.id for n in graph.nodes]
+    assert len(ids) == len(set(ids))
+    assert graph.nodes[-1].attrs == {"fn": "div", "value": 6}  # the mean over the 6 tokens

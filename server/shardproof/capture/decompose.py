@@ -18,12 +18,17 @@ Ops that torch defines by other ATen ops (CompositeImplicitAutograd, such as `mo
 table lacks are written out as their own implementation, what eager mode runs.
 
 Our own decompositions, for what the table writes only in prims: `var` and `var_mean` (the table's
-are `prims.var`), as the mean of squared deviations (with the correction), which is what they compute.
+are `prims.var`), as the mean of squared deviations (with the correction), which is what they compute;
+and `scaled_dot_product_attention` as its documentation defines it (scores, scale, causal mask,
+softmax, values), the form a program that writes attention out by hand computes: torch's own
+decomposition scales the queries and the keys by the square root of the scale each, and adds the
+mask as a bias (see `_attention`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -56,10 +61,44 @@ def _var_mean(
     return _var(x, dims, correction=correction, keepdim=keepdim), x.mean(dims, keepdim=keepdim)
 
 
+def _attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """`scaled_dot_product_attention` as torch documents it (the reference implementation in its
+    docstring): the scores `query @ key^T * scale` (scale 1 / sqrt(head dim) by default), the
+    positions after each query's own masked with -inf when causal, a softmax over the keys, the
+    product with the values. Grouped keys and values are repeated up to the query heads first.
+    Only without an explicit mask: torch's kernels give a row whose keys are all masked zeros,
+    where this softmax would give NaN, and a causal mask never masks a whole row."""
+    if attn_mask is not None or dropout_p != 0.0:
+        raise NotImplementedError("attention with an explicit mask or dropout stays one operation")
+    factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    if enable_gqa:
+        key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
+        value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
+    scores = query @ key.transpose(-2, -1) * factor
+    if is_causal:
+        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril(diagonal=0)
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ value
+
+
 @functools.cache
 def _own() -> dict[Any, Callable[..., Any]]:
     aten = torch.ops.aten
-    return {aten.var.correction: _var, aten.var_mean.correction: _var_mean}
+    return {
+        aten.var.correction: _var,
+        aten.var_mean.correction: _var_mean,
+        aten.scaled_dot_product_attention.default: _attention,
+    }
 
 
 def decomposition_of(target: Any) -> Callable[..., Any] | None:
@@ -198,6 +237,8 @@ def inline(builder: _Builder, fx: torch.fx.Node) -> bool:
     placeholders = [node for node in nodes if node.op == "placeholder"]
     for placeholder, argument in zip(placeholders, tensors, strict=True):
         builder.alias[placeholder.name] = builder.value(argument)
+        if argument.name in builder.folder.values:  # a constant argument: its value inside too
+            builder.folder.values[placeholder.name] = builder.folder.values[argument.name]
     inherited = {key: value for key, value in fx.meta.items() if key != "val"}
     mark = len(builder.graph.nodes)
     builder.decomposition_depth += 1
@@ -229,11 +270,18 @@ def inline(builder: _Builder, fx: torch.fx.Node) -> bool:
             builder.metas.pop(node.id, None)
         del builder.graph.nodes[mark:]
         return False
+    for node in builder.graph.nodes[mark:]:  # the operation they are part of (for the localizer's words)
+        node.attrs["within"] = _target_name(fx)
     if isinstance(outputs, str):
         builder.alias[fx.name] = outputs
     else:
         builder.multi[fx.name] = outputs
     return True
+
+
+def _target_name(fx: torch.fx.Node) -> str:
+    target = fx.target
+    return str(target.name()) if isinstance(target, torch._ops.OpOverload) else str(target)
 
 
 def _value_or_none(builder: _Builder, argument: Any) -> str | None:

@@ -36,7 +36,9 @@ class FunctionLowering:
         if upcast != src_meta.dtype:
             source = self.add(fx, "unary", [source], {"fn": f"cast_{upcast}"}, wide, suffix=".upcast")
         squared = self.add(fx, "scalar", [source], {"fn": "pow", "value": 2}, wide, suffix=".square")
-        mean = self.add(fx, "reduce", [squared], {"fn": "mean", "dim": -1, "keepdim": True}, kept, suffix=".mean")
+        # the mean as sum / width, as `_reduce` writes every mean
+        total = self.add(fx, "reduce", [squared], {"fn": "sum", "dim": -1, "keepdim": True}, kept, suffix=".sum")
+        mean = self.add(fx, "scalar", [total], {"fn": "div", "value": src_meta.shape[-1]}, kept, suffix=".mean")
         shifted = self.add(fx, "scalar", [mean], {"fn": "add", "value": _literal(eps)}, kept, suffix=".eps")
         inverse = self.add(fx, "unary", [shifted], {"fn": "rsqrt"}, kept, suffix=".rsqrt")
         steps: list[tuple[str, list[str], dict[str, Any]]] = [("binary", [source, inverse], {"fn": "mul"})]
@@ -54,6 +56,12 @@ class FunctionLowering:
     def op_scaled_dot_product_attention(
         self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta
     ) -> bool:
+        """Attention written out as its documented math (decompose.py `_attention`): every step
+        is an operation the rules follow on heads, so a reference calling `F.scaled_dot_product_attention`
+        and a program that writes attention out by hand (einsum, scale, masked_fill, softmax) meet
+        in the same operations. With an explicit mask it stays one operation."""
+        if decompose.inline(self, fx):
+            return True
         q, k, v = (self.value(a) for a in args[:3])
         mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
         dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)

@@ -42,6 +42,7 @@ from ..errors import UserCodeError
 from ..graph.model import Collective, Graph, Node, Placeholder, TensorMeta
 from ..relations.expr import norm_dim
 from . import decompose
+from .folding import ConstantFolder, masked_positions, value_digest
 from .lower_contractions import ContractionLowering
 from .lower_functions import FunctionLowering
 from .lower_indexing import IndexingLowering
@@ -95,6 +96,7 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         # complex value id -> ids of its real and imaginary parts (complex arithmetic in real terms)
         self.complex_parts: dict[str, tuple[str, str]] = {}
         self.decomposition_depth = 0  # how deep decompose.inline is in its own decompositions
+        self.folder = ConstantFolder()  # values computed from constants alone (folding.py)
 
     # -- helpers ----------------------------------------------------------------------------------
     def value(self, arg: Any) -> str:
@@ -192,6 +194,17 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         return self.graph
 
     def convert(self, fx: torch.fx.Node) -> None:
+        self._convert(fx)
+        value = self.folder.fold(fx)
+        if value is not None:
+            node = self.nodes_by_id.get(self.alias.get(fx.name, fx.name))
+            if node is not None and node.meta.shape == tuple(value.shape):
+                node.attrs["folded"] = value_digest(value)
+                masked = masked_positions(value)
+                if masked is not None:
+                    node.attrs["neg_inf_at"] = masked
+
+    def _convert(self, fx: torch.fx.Node) -> None:
         target = fx.target
         if target is operator.getitem:
             self.getitem(fx)
@@ -524,7 +537,13 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
     ) -> None:
         """`source` reduced by `fn` over `dims` (negative, outermost first), one dim at a time; the
         last step is fx's value (of `meta`'s dtype). The mean of every element is the mean of the
-        flattened value (a loss averaged over tokens, whatever the shape they come in)."""
+        flattened value (a loss averaged over tokens, whatever the shape they come in).
+
+        A mean is written as what it computes, as torch's own reference `mean` writes it: the sum
+        over the dims divided by the number of elements summed. A program that sums its block of
+        a dim, all-reduces the sums and divides by the whole dim's length then meets the
+        reference's mean in the same operations, and a division by another number (the block's
+        length) is the one operation that differs."""
         src_meta = self.meta(source)
         # (in a joint graph a sum of every element too: a loss summed over a micro-batch and
         # divided by the step's item count is then the same reduction as the reference's mean)
@@ -532,6 +551,11 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             flat = TensorMeta((math.prod(src_meta.shape),), src_meta.dtype)
             source = self.view(fx, source, flat, suffix=".flat")
             src_meta, dims = flat, [-1]
+        if not dims:
+            self.alias[fx.name] = source
+            return
+        count = math.prod(src_meta.shape[d] for d in dims)
+        divided = fn == "mean" and count != 1
         current, current_meta = source, src_meta
         for i, d in enumerate(dims):
             shape = list(current_meta.shape)
@@ -539,22 +563,14 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
                 shape[current_meta.ndim + d] = 1
             else:
                 del shape[current_meta.ndim + d]
-            step_meta = (
-                TensorMeta(tuple(shape), meta.dtype)
-                if i == len(dims) - 1
-                else TensorMeta(tuple(shape), current_meta.dtype)
-            )
-            current = self.add(
-                fx,
-                "reduce",
-                [current],
-                {"fn": fn, "dim": d, "keepdim": keepdim},
-                step_meta,
-                suffix="" if i == len(dims) - 1 else f".{i}",
-            )
+            last = i == len(dims) - 1
+            step_meta = TensorMeta(tuple(shape), meta.dtype) if last else TensorMeta(tuple(shape), current_meta.dtype)
+            suffix = (".mean_sum" if divided else "") if last else f".{i}"
+            attrs = {"fn": "sum" if fn == "mean" else fn, "dim": d, "keepdim": keepdim}
+            current = self.add(fx, "reduce", [current], attrs, step_meta, suffix=suffix)
             current_meta = step_meta
-        if not dims:
-            self.alias[fx.name] = source
+        if divided:
+            self.add(fx, "scalar", [current], {"fn": "div", "value": count}, meta)
 
     def collective(self, fx: torch.fx.Node, name: str, args: list[Any], meta: TensorMeta) -> None:
         source = self.value(args[0])

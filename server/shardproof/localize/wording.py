@@ -77,8 +77,20 @@ _OP_NAMES = {
 }
 
 
+# operations the capture writes out as their parts (capture/decompose.py): a part is named as
+# part of the operation the user called
+_CALLED_AS = {"aten::scaled_dot_product_attention": "the attention"}
+
+
 def describe_op(node: Node) -> str:
-    """A short human name: `silu`, `add`, `linear layers.0.attention.wo`, `attention`."""
+    """A short human name: `silu`, `add`, `linear layers.0.attention.wo`, `attention`, `matmul
+    in the attention`."""
+    called = _CALLED_AS.get(str(node.attrs.get("within", "")))
+    name = _describe_op(node)
+    return f"{name} in {called}" if called else name
+
+
+def _describe_op(node: Node) -> str:
     fn = _fn(node)
     if node.op == "generic":
         return str(node.attrs.get("target", "op")).replace("aten::", "")
@@ -86,6 +98,8 @@ def describe_op(node: Node) -> str:
         value = node.attrs.get("value")
         if isinstance(value, float) and len(repr(value)) > 10:
             value = f"{value:.6g}"  # 0.353553, not 0.35355339059327373
+        if fn == "div" and node.original.startswith("aten::mean"):
+            return f"mean (the division by {value})"  # a mean is captured as a sum and this division
         return f"{fn} by {value}"
     if node.op == "reduce":
         return str(fn)

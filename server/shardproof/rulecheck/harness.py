@@ -339,22 +339,34 @@ class Instance:
     def _front_end(self, name: str, forms: list[Any]) -> bool:
         """A fact the front end states about a view, permute or expand of the instance. An
         unbound argument (the view's shape outside the related dims) takes the stated value."""
+        subject = "t"
+        if name == "pmap":  # a fact about the permutation itself (its text), not a tensor
+            text = self.evaluate(forms[0])
+            stated = layout_facts.permute_facts([int(p) for p in text.split(",")])
+            subject = f'"{text}"'
+            return self._stated(name, subject, stated, forms)
         made = self.evaluate.made.get(id(self.evaluate(forms[0])))
         if made is None:
             return False
         if made.kind == "View":
             stated = layout_facts.view_facts("t", made.in_shape, made.out_shape)
         elif made.kind == "Permute":
-            stated = layout_facts.permute_facts("t", [int(p) for p in made.text.split(",")])
+            stated = layout_facts.permute_facts([int(p) for p in made.text.split(",")])
+            subject = f'"{made.text}"'
         else:
             stated = layout_facts.expand_facts("t", made.in_shape, made.out_shape)
             stated += layout_facts.broadcast_facts("t", made.in_shape, made.out_shape)
+        return self._stated(name, subject, stated, forms)
+
+    def _stated(self, name: str, subject: str, stated: list[str], forms: list[Any]) -> bool:
+        """Whether the front end states the fact `(name subject ...forms[1:])`; an unbound argument
+        takes the stated value."""
         unbound = [i for i, f in enumerate(forms[1:]) if isinstance(f, Sym) and f.name not in self.env]
         known = {i: str(self.evaluate(f)) for i, f in enumerate(forms[1:]) if i not in unbound}
         for fact in stated:
-            if not fact.startswith(f"({name} t "):
+            if not fact.startswith(f"({name} {subject} "):
                 continue
-            words = fact[len(f"({name} t ") : -1].split(" ")
+            words = fact[len(f"({name} {subject} ") : -1].split(" ")
             if len(words) != len(forms) - 1 or any(words[i].strip('"') != text for i, text in known.items()):
                 continue
             for i in unbound:

@@ -971,6 +971,28 @@ def _grouped_attention(g: Gen, window: str, off_by_one: bool) -> dict[str, Any]:
 instance_and_near_miss("attention-key-window", lambda g, off_by_one: _grouped_attention(g, "K", off_by_one))
 
 
+def _grouped_matmul(g: Gen, window: str, off_by_one: bool) -> dict[str, Any]:
+    """Batch slices [s, e) of one operand (query heads on a rank) against a window of the other,
+    one slice repeated m times (its KV head); a near miss starts the range past the window, in
+    the next group, whose slices differ."""
+    groups, m = g.int(2, 3), g.int(2, 4)
+    batch, rows, inner, columns = g.int(1, 2), g.int(2, 4), g.int(2, 3), g.int(2, 4)
+    n = g.int(1, m)
+    lo = g.int(0, groups - 2) * m
+    hi = lo + m - n
+    s = hi + 1 if off_by_one else g.int(lo, hi)
+    left, right = g.tensor(batch, groups * m, rows, inner), g.tensor(batch, groups * m, inner, columns)
+    if window == "B":
+        right = g.tensor(batch, groups, inner, columns).repeat_interleave(m, dim=-3)
+    else:
+        left = g.tensor(batch, groups, rows, inner).repeat_interleave(m, dim=-3)
+    return {"A": left, "B": right, "d": -3, "s": s, "e": s + n, "lo": lo, "hi": hi, "n": n}
+
+
+instance_and_near_miss("matmul-batch-window-right", lambda g, off_by_one: _grouped_matmul(g, "B", off_by_one))
+instance_and_near_miss("matmul-batch-window-left", lambda g, off_by_one: _grouped_matmul(g, "A", off_by_one))
+
+
 instance_and_near_miss("attention-value-window", lambda g, off_by_one: _grouped_attention(g, "V", off_by_one))
 
 

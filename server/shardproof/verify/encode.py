@@ -16,17 +16,21 @@ import math
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 from ..graph.model import Collective, Graph, Node, TensorMeta
 from ..relations import expr as px
 from .language import quoted as _q
 from .layout_facts import broadcast_facts, expand_facts, permute_facts, view_facts
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
+from .permutations import Permutations
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
+from .scalars import fill_value, scalar_term, scaled_term
 from .sum_forms import SumForms
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
+# ops whose dim maps are facts about their term's e-class (layout_facts.py): a value of one is
+# never stated equal to a value made another way (one class, two sources, mixed dim maps)
+_MOVEMENT_WITH_DIM_FACTS = ("view", "permute", "expand")
 
 
 def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
@@ -77,6 +81,10 @@ class Encoder:
         self.scaled: dict[tuple[str, str], tuple[str, Fraction]] = {}
         self._collective_factors: dict[tuple[str, str], Fraction] = {}
         self.sums = SumForms()  # chains of additions as multisets of their terms (sum_forms.py)
+        self._graph_nodes: dict[str, dict[str, Node]] = {}  # graph name -> its nodes by id
+        self._permutations_stated: set[tuple[int, ...]] = set()
+        # permutations of permutations and of repeats, stated as one (permutations.py)
+        self.permutations = Permutations(self._permuted_term, self.commands.append)
 
     # -- term plumbing ------------------------------------------------------------------------------
     def _name(self, graph: str, value_id: str) -> str:
@@ -188,8 +196,18 @@ class Encoder:
 
     def _permute(self, src: str, perm: list[int], meta: TensorMeta) -> str:
         name = self.let(self._fresh("perm"), f"(Permute {src} {_q(_shape_text(perm))})", meta)
-        self.commands.extend(permute_facts(name, perm))
+        self._permutation_facts(perm)
         return name
+
+    def _permutation_facts(self, perm: list[int]) -> None:
+        """The dim map of a permutation, once per permutation (facts about it, not its terms)."""
+        if tuple(perm) not in self._permutations_stated:
+            self._permutations_stated.add(tuple(perm))
+            self.commands.extend(permute_facts(perm))
+
+    def _permuted_term(self, src: str, perm: list[int]) -> str:
+        shape = self.meta_of[src].shape
+        return self._permute(src, perm, TensorMeta(tuple(shape[p] for p in perm), self.meta_of[src].dtype))
 
     def _expand(self, src: str, src_shape: tuple[int, ...], meta: TensorMeta) -> str:
         name = self.let(self._fresh("expand"), f"(Expand {src} {_q(_shape_text(meta.shape))})", meta)
@@ -233,7 +251,34 @@ class Encoder:
 
     def node_term(self, graph: Graph, node: Node, name: str, ins: list[str] | None = None) -> None:
         """Let `name` be the node's term: of its inputs' terms, or (`ins`) of other terms
-        standing for them (the unscaled terms of `_factored`)."""
+        standing for them (the unscaled terms of `_factored`). A value the capture computed
+        from constants alone (capture/folding.py) is also that constant: equal constants are
+        one value, whatever operations made them (except a view, permutation or expansion, whose
+        dim facts belong to how it was made: the values computed from it are stated instead)."""
+        self._node_term(graph, node, name, ins)
+        if ins is not None:
+            return
+        folded = node.attrs.get("folded")
+        if folded and node.op not in _MOVEMENT_WITH_DIM_FACTS:
+            self.commands.append(f"(union {name} (Const {_q(folded)}))")
+        if node.op == "binary" and node.attrs["fn"] == "add":
+            self._additive_mask(graph, node, name)
+
+    def _additive_mask(self, graph: Graph, node: Node, name: str) -> None:
+        """Scores plus a constant that is 0 or -inf everywhere (an additive causal mask, Meta's
+        Llama) are the scores filled with -inf where the constant is: x + 0 = x and x + -inf = -inf
+        for every real x. Stated when the scores have the sum's shape (the mask broadcasts)."""
+        nodes = self._graph_nodes.get(graph.name)
+        if nodes is None:
+            nodes = self._graph_nodes[graph.name] = graph.node_map()
+        for mask_input, scores_input in ((1, 0), (0, 1)):
+            mask = nodes.get(node.inputs[mask_input])
+            where = mask.attrs.get("neg_inf_at") if mask is not None else None
+            scores = self.term(graph, node.inputs[scores_input])
+            if where and self.meta_of[scores].shape == node.meta.shape:
+                self.commands.append(f'(union {name} (Fill {scores} (Const {_q(where)}) "-inf"))')
+
+    def _node_term(self, graph: Graph, node: Node, name: str, ins: list[str] | None = None) -> None:
         own_inputs = ins is None
         if ins is None:
             if self.factor_out and self._factored(graph, node, name):
@@ -255,9 +300,11 @@ class Encoder:
             for source, dim, times in self._repeat_patterns(graph, node) if own_inputs else ():
                 # The chain is repeat_interleave: state the identity so the repeat rules apply.
                 self.commands.append(f"(union {name} (Rep {self.term(graph, source)} {dim} {times}))")
+                self.permutations.note_repeat(name, self.term(graph, source), dim, times)
         elif op == "permute":
             self.let(name, f"(Permute {ins[0]} {_q(_shape_text(a['perm']))})", meta)
-            self.commands.extend(permute_facts(name, list(a["perm"])))
+            self._permutation_facts(list(a["perm"]))
+            self.permutations.note_permute(name, ins[0], list(a["perm"]))
         elif op == "expand":
             self.let(name, f"(Expand {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             self.commands.extend(expand_facts(name, self.meta_of[ins[0]].shape, meta.shape))
@@ -295,7 +342,7 @@ class Encoder:
         elif op == "pick":
             self.let(name, f"(Pick {ins[0]} {ins[1]} {a['dim']})", meta)
         elif op == "sdpa":
-            attrs = _q(json.dumps(a, sort_keys=True))
+            attrs = _q(json.dumps({k: a.get(k) for k in ("enable_gqa", "is_causal", "scale")}, sort_keys=True))
             if len(ins) == 4:
                 self.let(name, f"(SdpaMask {ins[0]} {ins[1]} {ins[2]} {ins[3]} {attrs})", meta)
             else:
@@ -647,42 +694,7 @@ def _mismatch(
     return None
 
 
-def scalar_term(fn: str, operand: str, value: Any) -> str:
-    if isinstance(value, bool):
-        value = int(value)
-    if fn in ("mul", "div") and isinstance(value, float) and math.isfinite(value) and value != 0:
-        exact = Fraction(value)
-        if exact.numerator == 1 and exact.denominator > 1:
-            # times 1/n is division by n, and division by 1/n is times n: exactly so when the float
-            # is exactly 1/n (a power of two), e.g. baddbmm's alpha 0.5 and a division by 2.0
-            fn, value = ("div" if fn == "mul" else "mul"), exact.denominator
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        value = int(value)
-    if isinstance(value, int):
-        return f"(ScI {_q(fn)} {operand} {value})"
-    return f"(Sc {_q(fn)} {operand} {_q(repr(value))})"
-
-
-def fill_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return repr(float(value))
-    if isinstance(value, int | float):
-        return repr(float(value))
-    return str(value)
-
-
 SCALED_SUFFIX = "#unscaled"
-
-
-def scaled_term(term: str, factor: Fraction) -> str:
-    """factor * term, written the same way wherever the same factor appears."""
-    if factor == 1:
-        return term
-    if factor.denominator != 1:
-        term = f'(ScI "div" {term} {factor.denominator})'
-    if factor.numerator != 1:
-        term = f'(ScI "mul" {term} {factor.numerator})'
-    return term
 
 
 # ops linear in every input (the factor is the product of the inputs' factors) and ops linear in

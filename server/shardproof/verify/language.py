@@ -127,7 +127,7 @@ DECLARATIONS = r"""
 (relation vunit (T i64))
 (relation vsqueeze (T i64))
 (relation vshape (T String))
-(relation pmap (T i64 i64))
+(relation pmap (String i64 i64))
 (relation emap (T i64 String))
 (relation ebk (T i64 String))
 

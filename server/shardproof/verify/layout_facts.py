@@ -146,10 +146,13 @@ def broadcast_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, 
     return facts
 
 
-def permute_facts(name: str, perm: list[int]) -> list[str]:
-    """Output dim o of a permutation is input dim perm[o] (negative dims)."""
+def permute_facts(perm: list[int]) -> list[str]:
+    """Output dim o of the permutation `perm` is input dim perm[o] (negative dims): facts about the
+    permutation itself (its text, as terms write it), true of every term that applies it, so two
+    permutations of different sources may be one value without mixing their dim maps."""
     nd = len(perm)
-    return [f"(pmap {name} {in_dim - nd} {out_dim - nd})" for out_dim, in_dim in enumerate(perm)]
+    text = _q(",".join(str(p) for p in perm))
+    return [f"(pmap {text} {in_dim - nd} {out_dim - nd})" for out_dim, in_dim in enumerate(perm)]
 
 
 def expand_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "16"
+RULE_LIBRARY_VERSION = "18"
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ _rule(
     "permute-moves-selection",
     "layout",
     "a permutation moves the selected dim",
-    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (sel X x di R) (pmap Y di do)) ((sel Y y do R)))",
+    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (sel X x di R) (pmap p di do)) ((sel Y y do R)))",
 )
 _rule(
     "expand-keeps-selection",
@@ -268,7 +268,7 @@ _rule(
     "window-permute",
     "layout",
     "a permutation moves a window selection",
-    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (selw X x di lo hi n) (pmap Y di do)) ((selw Y y do lo hi n)))",
+    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (selw X x di lo hi n) (pmap p di do)) ((selw Y y do lo hi n)))",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -536,6 +536,19 @@ _rule(
     "columns of B map to columns of A @ B",
     "(rule ((= Y (Matmul A B)) (= y (Matmul A b)) (sel B b -1 R)) ((sel Y y -1 R)))",
 )
+for _name, _side, _window, _selected in (
+    ("matmul-batch-window-right", "right", "B b", "A a"),
+    ("matmul-batch-window-left", "left", "A a", "B b"),
+):
+    _rule(
+        _name,
+        "matmul",
+        f"a batch slice of the {_side} operand replicated for a group (a key head repeated for the query heads "
+        "that share it, in attention written out as matmuls), which the other operand's batch range [s, e) "
+        "meets, is the selection [s, e) of the repeated operand (any window position is)",
+        f"(rule ((= Y (Matmul A B)) (= y (Matmul a b)) (sel {_selected} d (RCons s e (RNil))) "
+        f"(selw {_window} d lo hi n) (= n (- e s)) (<= lo s) (<= s hi)) ((sel {_window} d (RCons s e (RNil)))))",
+    )
 _rule(
     "matmul-contraction",
     "matmul",

@@ -1,0 +1,97 @@
+"""Values computed from literal constants alone, evaluated while capturing.
+
+A causal mask is a constant, however a program writes it: `ones(s, s).triu(1)`,
+`tril(ones(s, s)) == 0`, `arange(s)[None] > arange(s)[:, None]`, or the mask torch's own
+attention builds. Traced on meta tensors these are chains of different operations with no
+values, so the verifier could not see that two programs use the same mask. Every operation whose
+tensor inputs are all such constants (factories with literal arguments first) is run here by
+torch, on CPU, and its value's digest (dtype, shape and contents) is recorded on the node the
+normalizer made for it (`attrs["folded"]`). The encoder states that the node's value is that
+constant (`encode.py`), so equal constants are one value whatever operations made them: a fact
+of evaluation, sound for any program. A float constant that is 0 or -inf everywhere (an additive
+causal mask) also records where it is -inf (`attrs["neg_inf_at"]`): adding it to scores is the
+masked_fill of those positions. Only values of at most `MAX_ELEMENTS` elements are
+evaluated (a mask of a 1024-token sequence); larger ones keep their structure only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+MAX_ELEMENTS = 1 << 20
+# ops whose value is not a function of their arguments, or that talk to other ranks
+_NOT_FUNCTIONS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "empty")
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "_dtensor", "shardproof")
+
+
+def value_digest(value: torch.Tensor) -> str:
+    """A constant's identity: its dtype, shape and contents."""
+    flat = value.detach().contiguous().reshape(-1)
+    contents = flat.view(torch.uint8) if flat.numel() else flat
+    digest = hashlib.sha256(f"{value.dtype!s}|{tuple(value.shape)}|".encode())
+    digest.update(contents.cpu().numpy().tobytes())
+    return "value:" + digest.hexdigest()[:24]
+
+
+def masked_positions(value: torch.Tensor) -> str | None:
+    """The digest of where an additive mask is -inf, for a float constant that is 0 or -inf
+    everywhere (`triu(full(-inf), 1)`, a causal bias): adding it to finite scores is filling
+    those positions with -inf (the encoder states so)."""
+    if not value.is_floating_point() or value.numel() == 0:
+        return None
+    negative = value == float("-inf")
+    if not bool(negative.any()) or not bool((negative | (value == 0)).all()):
+        return None
+    return value_digest(negative)
+
+
+class ConstantFolder:
+    """The values of the fx nodes of one program that are computed from constants alone."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, torch.Tensor] = {}
+
+    def fold(self, fx: torch.fx.Node) -> torch.Tensor | None:
+        """fx's value when torch can compute it from literal arguments and folded values, else None."""
+        if fx.op != "call_function" or not isinstance(fx.target, torch._ops.OpOverload):
+            return None
+        target = fx.target
+        if target.namespace in _COLLECTIVE_NAMESPACES or any(word in target.name() for word in _NOT_FUNCTIONS):
+            return None
+        if getattr(target._schema, "is_mutable", False):
+            return None
+        expected = fx.meta.get("val")
+        if not isinstance(expected, torch.Tensor) or expected.numel() > MAX_ELEMENTS:
+            return None
+        flat, spec = tree_flatten((list(fx.args), dict(fx.kwargs)))
+        for position, argument in enumerate(flat):
+            if isinstance(argument, torch.fx.Node):
+                known = self.values.get(argument.name)
+                if known is None:
+                    return None
+                flat[position] = known
+            elif isinstance(argument, torch.device):
+                flat[position] = torch.device("cpu")
+        args, kwargs = tree_unflatten(flat, spec)
+        if "device" in kwargs:
+            kwargs["device"] = torch.device("cpu")
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                value = target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - an op that does not run on these values is not folded
+            return None
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(expected.shape):
+            return None
+        if value.dtype != expected.dtype:
+            return None
+        self.values[fx.name] = value
+        return value
+
+
+__all__ = ["MAX_ELEMENTS", "ConstantFolder", "masked_positions", "value_digest"]

@@ -1,0 +1,62 @@
+"""How a number in a program is written in a term: one term for one real function, however the
+program spells the number (see `scalar_term`)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+from .language import quoted as _q
+
+SIGNIFICANT_DIGITS = 12
+
+
+def scalar_term(fn: str, operand: str, value: Any) -> str:
+    """The term of `operand <fn> value`, one term for one real function however the program
+    spells it: times 1/n is division by n and division by c is times 1/c (exactly so when the
+    float is exactly 1/n, e.g. baddbmm's alpha 0.5 and a division by 2.0), and a float is its
+    value to `SIGNIFICANT_DIGITS` digits: the verifier reasons about real numbers, rounding
+    aside, and the same number computed two ways (`head_dim ** -0.5`, `1 / math.sqrt(head_dim)`,
+    torch's default attention scale) differs in its last bit."""
+    if isinstance(value, bool):
+        value = int(value)
+    if fn in ("mul", "div") and isinstance(value, float) and math.isfinite(value) and value != 0:
+        exact = Fraction(value)
+        inverse = _rounded(1.0 / value)
+        if exact.numerator == 1 and exact.denominator > 1:
+            fn, value = ("div" if fn == "mul" else "mul"), exact.denominator
+        elif fn == "mul" and inverse.is_integer() and abs(inverse) > 1:
+            fn, value = "div", inverse  # times 0.1 is division by 10
+        elif fn == "div" and not _rounded(value).is_integer():
+            fn, value = "mul", inverse  # division by sqrt(head_dim) is times its inverse
+    if isinstance(value, float) and math.isfinite(value):
+        value = _rounded(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
+    if isinstance(value, int):
+        return f"(ScI {_q(fn)} {operand} {value})"
+    return f"(Sc {_q(fn)} {operand} {_q(repr(value))})"
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
+def fill_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return repr(float(value))
+    if isinstance(value, int | float):
+        return repr(float(value))
+    return str(value)
+
+
+def scaled_term(term: str, factor: Fraction) -> str:
+    """factor * term, written the same way wherever the same factor appears."""
+    if factor == 1:
+        return term
+    if factor.denominator != 1:
+        term = f'(ScI "div" {term} {factor.denominator})'
+    if factor.numerator != 1:
+        term = f'(ScI "mul" {term} {factor.numerator})'
+    return term
