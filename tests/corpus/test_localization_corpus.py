@@ -30,15 +30,7 @@ SIZES = {check["name"]: check["world-sizes"] for check in checks(CORPUS)}
 # Cases shardproof does not report at their exact line today (name -> where it reports them and
 # with what verdict). Each is an xfail(strict): a case that becomes exact fails until it is taken
 # off this list, so the list only shrinks.
-KNOWN_MISSES: dict[str, str] = {
-    # helper: reported where the helper's number is used, never at the helper
-    # constant: a wrong-constant with both numbers, reported where the number is used (the scale
-    # reaches the attention as an argument), not where it is computed; or at the assignment of the
-    # name the division reads, not at the division that should read another number
-    "attention-scale-local-width": "wrong-constant at constants.py:20, the einsum * scale that uses the scale",
-    "attention-scale-local-heads": "wrong-constant at constants.py:20, the einsum * scale that uses the scale",
-    "norm-divisor-local-width": "wrong-constant at constants.py:81, the assignment of self.local_width it reads",
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 _RESULTS: dict[str, object] = {}
 

@@ -241,3 +241,35 @@ def test_a_constant_is_blamed_at_the_computation_that_makes_it_wrong_never_at_a_
     assert blamed is not None and blamed.frame.code.startswith("head_dim = 32 // heads")
     # only the share could give 32: the share is right, its use is what to change
     assert constant_origin(_constant(divisor_from_local_width, 2).step, 32) is None
+
+
+KEPT = """
+def attention(scores, scale):
+    return scores * scale
+
+
+class Block:
+    def forward(self, scores):
+        return attention(scores, self.scale) + self.bias
+"""
+
+
+def test_a_number_an_operation_reads_is_followed_to_the_attribute_its_caller_passed(tmp_path) -> None:
+    from shardproof.graph.model import Frame, SourceSite
+    from shardproof.graph.numbers import AttributeNumber, NumberStep
+    from shardproof.localize.kept_numbers import kept_number
+
+    source = tmp_path / "kept.py"
+    source.write_text(KEPT)
+    file = str(source)
+    use = Frame(file, 3, "attention", "return scores * scale", 11, 3, 25)
+    call = Frame(file, 8, "forward", "return attention(scores, self.scale) + self.bias", 15, 8, 43)
+    site = SourceSite((call, use))
+    scale, bias = NumberStep(0.25, "/"), NumberStep(3, "//")
+    numbers = BuilderNumbers(
+        [], [AttributeNumber(file, "Block", "scale", scale), AttributeNumber(file, "Block", "bias", bias)]
+    )
+    found = kept_number(site, use, numbers, lambda value: value == 0.25)
+    assert found is not None and found[0] is scale and found[1] == "self.scale"
+    # the number the operation used is not that attribute's: nothing is claimed
+    assert kept_number(site, use, numbers, lambda value: value == 0.5) is None

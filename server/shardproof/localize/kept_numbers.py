@@ -10,29 +10,40 @@ rank's builder left on instances of the enclosing class (capture/numbers.py, pla
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 from ..graph.model import Frame, SourceSite
 from ..graph.numbers import BuilderNumbers, NumberStep
 from .assignments import _enclosing, _expression_at, _parse, _read_names
 
 
-def kept_number(site: SourceSite | None, frame: Frame, numbers: BuilderNumbers) -> tuple[NumberStep, str] | None:
-    """The traced attribute the expression at `frame` reads (one name), and the name as written
-    where it is read from the attribute (`self.scale`)."""
+def kept_number(
+    site: SourceSite | None, frame: Frame, numbers: BuilderNumbers, matches: Callable[[float], bool]
+) -> tuple[NumberStep, str] | None:
+    """The traced attribute, among the names the expression at `frame` reads, whose value
+    `matches` (the number the operation used), and the name as written where it is read from
+    the attribute (`self.scale`)."""
     if site is None or frame not in site.frames:
         return None
-    frames = list(site.frames)
-    position = frames.index(frame)
+    found = []
+    tree = _parse(frame.file)
+    expression = _expression_at(tree, frame) if tree is not None and frame.column is not None else None
+    for name in _read_names(expression) if expression is not None else []:
+        kept = _attribute_read(list(site.frames), site.frames.index(frame), frame, name, numbers)
+        if kept is not None and matches(float(kept[0].value)):
+            found.append(kept)
+    return found[0] if len(found) == 1 else None
+
+
+def _attribute_read(
+    frames: list[Frame], position: int, frame: Frame, name: str, numbers: BuilderNumbers
+) -> tuple[NumberStep, str] | None:
+    """`name` read at `frame`, followed through helpers' parameters to a `self.` attribute."""
     current = frame
     for _ in range(4):  # a helper's parameter, passed down a few calls at most
         tree = _parse(current.file)
-        expression = _expression_at(tree, current) if tree is not None and current.column is not None else None
-        if tree is None or expression is None:
+        if tree is None:
             return None
-        names = _read_names(expression)
-        if len(names) != 1:
-            return None
-        (name,) = names
         function, cls = _enclosing(tree, current.line)
         if name.startswith("self."):
             if cls is None:
@@ -48,7 +59,14 @@ def kept_number(site: SourceSite | None, frame: Frame, numbers: BuilderNumbers) 
         argument = _argument(caller, function.name, index)
         if argument is None:
             return None
-        current, position = argument, position - 1
+        names = (
+            _read_names(argument_expression)
+            if (argument_expression := _expression_at(_parse(caller.file), argument))
+            else []
+        )
+        if len(names) != 1:
+            return None
+        current, position, name = argument, position - 1, names[0]
     return None
 
 

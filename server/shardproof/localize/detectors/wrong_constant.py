@@ -76,17 +76,21 @@ def _traced_origin(
         return None
     if not isinstance(expected, int | float) or not isinstance(used, int | float):
         return None
-    kept = kept_number(aligned.site, frame, ctx.ev.rank_numbers[rank])
+
+    # the operation holds the number itself, or its inverse (x / c written as x * (1 / c))
+    def holds(value: float) -> bool:
+        return math.isclose(float(used), value, rel_tol=1e-9) or (
+            value != 0 and math.isclose(float(used), 1 / value, rel_tol=1e-9)
+        )
+
+    kept = kept_number(aligned.site, frame, ctx.ev.rank_numbers[rank], holds)
     if kept is None:
         return None
     step, name = kept
-    # the operation holds the number itself, or its inverse (x / c written as x * (1 / c))
-    if math.isclose(float(used), float(step.value), rel_tol=1e-9):
-        target = float(expected)
-    elif used and expected and math.isclose(float(used), 1 / float(step.value), rel_tol=1e-9):
-        target = 1 / float(expected)
-    else:
+    inverse = not math.isclose(float(used), float(step.value), rel_tol=1e-9)
+    if inverse and not expected:
         return None
+    target = 1 / float(expected) if inverse else float(expected)
     culprit = constant_origin(step, target)
     if culprit is None:
         return ctx.rank_site(aligned, f"{name} is right as this rank's share; this use needs the whole size"), name
