@@ -83,3 +83,7 @@ def test_a_reduction_over_one_rank_adds_no_ranks_sums() -> None:
 def test_an_all_reduce_only_one_rank_makes_pairs_with_nothing() -> None:
     # rank 1 returns its own sum: the collectives do not pair (another detector's finding)
     assert term_coverage(_kit({0: [0, 1], 1: [2, 3]}, reducing=1).context(), [0]) is None
+
+
+def test_the_same_terms_on_every_rank_are_a_duplicate_reduction_not_a_split_sum() -> None:
+    assert term_coverage(_kit({0: [1], 1: [1]}).context(), [0]) is None

@@ -76,7 +76,9 @@ def _coverage(
                 return None
             positions.append(position)
         held[rank] = sorted(positions)
-    if chain is None:
+    if chain is None or len({tuple(p) for p in held.values()}) == 1:
+        # every rank adds the same terms: a value held alike everywhere, reduced (the duplicate
+        # reduction's detector says that), not a sum split over the ranks by its terms
         return None
     total = len(reference_sums.terms[chain])
     counts = [sum(p.count(i) for p in held.values()) for i in range(total)]
