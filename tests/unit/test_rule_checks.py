@@ -70,6 +70,10 @@ MUTANTS = [
     ("regroup-selected-sum-right", '(union y (Bin "add" a (Bin "add" c b)))', '(union y (Bin "add" a c))'),
     ("arithmetic-local-ids", "(localids l I s e)", "(localids l I 0 e)"),  # ids not re-based to the shard
     ("target-pick-is-partial-unsqueezed", "(outside mv Iv s e)", "(outside mv Iv 0 e)"),  # others' targets kept
+    ("shape-permute-dim", "(set (sz y do) n)", "(set (sz y di) n)"),  # the input dim's size at the same place
+    ("permute-of-permute", "(union y (Permute X r))", "(union y (Permute X q))"),  # the first permutation lost
+    ("permute-then-broadcast-operand-right", " (<= m k)", ""),  # b read along a dim the permutation moves
+    ("selection-of-permute-then-broadcast-operand-left", " (<= m k)", ""),
 ]
 
 

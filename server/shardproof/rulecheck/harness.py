@@ -45,7 +45,12 @@ CLASS_RELATIONS = {
     "unit-reduction",
     "negation",
 }
-FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "vsqueeze", "pmap", "emap", "ebk"}
+# Facts about permutations themselves (their texts), not about a tensor; how two permutations
+# compose is a fact about the pair.
+PERMUTATION_RELATIONS = {"pmap", "ptail"}
+COMPOSITION_RELATIONS = {"pcompose", "pinverse"}
+FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "vsqueeze", "emap", "ebk"} | PERMUTATION_RELATIONS
+FRONT_END_RELATIONS |= COMPOSITION_RELATIONS
 _STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS | {"multiset-of", "multiset-insert"}
 # Casts of every dtype the capture can produce: the encoder declares the ones it sees.
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
@@ -340,11 +345,15 @@ class Instance:
         """A fact the front end states about a view, permute or expand of the instance. An
         unbound argument (the view's shape outside the related dims) takes the stated value."""
         subject = "t"
-        if name == "pmap":  # a fact about the permutation itself (its text), not a tensor
+        if name in PERMUTATION_RELATIONS | COMPOSITION_RELATIONS:
             text = self.evaluate(forms[0])
-            stated = layout_facts.permute_facts([int(p) for p in text.split(",")])
-            subject = f'"{text}"'
-            return self._stated(name, subject, stated, forms)
+            first = [int(p) for p in text.split(",")]
+            if name in COMPOSITION_RELATIONS:
+                then = [int(p) for p in self.evaluate(forms[1]).split(",")]
+                stated = layout_facts.composition_facts(first, then)
+            else:
+                stated = layout_facts.permute_facts(first)
+            return self._stated(name, f'"{text}"', stated, forms)
         made = self.evaluate.made.get(id(self.evaluate(forms[0])))
         if made is None:
             return False
@@ -369,8 +378,9 @@ class Instance:
             words = fact[len(f"({name} {subject} ") : -1].split(" ")
             if len(words) != len(forms) - 1 or any(words[i].strip('"') != text for i, text in known.items()):
                 continue
-            for i in unbound:
-                self.env[forms[1 + i].name] = words[i].strip('"')
+            for i in unbound:  # a quoted word is a string (a shape or a permutation), else an i64
+                word = words[i]
+                self.env[forms[1 + i].name] = word.strip('"') if word.startswith('"') else int(word)
             return True
         return False
 

@@ -20,7 +20,7 @@ from fractions import Fraction
 from ..graph.model import Collective, Graph, Node, TensorMeta
 from ..relations import expr as px
 from .language import quoted as _q
-from .layout_facts import broadcast_facts, expand_facts, permute_facts, view_facts
+from .layout_facts import broadcast_facts, composition_facts, expand_facts, permute_facts, view_facts
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
 from .permutations import Permutations
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
@@ -629,9 +629,29 @@ class Encoder:
         self.commands.append(f"(a2a-piece {term})")
         return term
 
+    def _composition_facts(self) -> list[str]:
+        """How every permutation the programs apply composes with every other of the same length
+        (the layout rules follow a permutation of a value that is, after saturation, a permutation
+        itself). Composed permutations get their dim facts once, but are not composed again."""
+        facts: list[str] = []
+        stated = sorted(self._permutations_stated)
+        described = set(stated)
+        for first in stated:
+            for then in stated:
+                if len(first) != len(then):
+                    continue
+                composed = tuple(first[i] for i in then)
+                found = composition_facts(list(first), list(then))
+                if composed in described:
+                    found = found[:1]
+                described.add(composed)
+                facts.extend(found)
+        return facts
+
     def finish(self) -> EncodedUnit:
         from .rules import casts_are_linear
 
+        self.commands.extend(self._composition_facts())
         self.commands.append(casts_are_linear(self.dtypes))
         self.commands.extend(self.sums.chain_facts())
         factors = {key: factor for key, (_, factor) in self.scaled.items()}

@@ -29,6 +29,10 @@ Relations (Datalog facts, all existence-guarded by the rules that derive them):
   (arin x)               x feeds an all-reduce (sum, max or min)
   (a2a-piece x)          x is a block an all-to-all or all-gather moves (a slice of a rank's value)
 
+Facts about a permutation p (its text, as `(Permute x p)` writes it), stated by the encoder:
+(pmap p i o) output dim o is input dim i; (ptail p k) p leaves its last k dims in place;
+(pcompose p q r) x.permute(p).permute(q) == x.permute(r); (pinverse p q) it is x itself.
+
 `(Along f X d a)` is op f (with literal arguments a) applied to every 1-d fiber of X along d on
 its own, e.g. topk or cumsum along d.
 
@@ -128,6 +132,9 @@ DECLARATIONS = r"""
 (relation vsqueeze (T i64))
 (relation vshape (T String))
 (relation pmap (String i64 i64))
+(relation ptail (String i64))
+(relation pcompose (String String String))
+(relation pinverse (String String))
 (relation emap (T i64 String))
 (relation ebk (T i64 String))
 

@@ -1,6 +1,6 @@
 """How the dims of a view, permute or expand correspond: the front-end facts the layout rules
-follow (vkeep / vsplit / vmerge, pmap, emap, ebk). Shapes are static, so these are computed here
-from the two shapes rather than derived in the e-graph."""
+follow (vkeep / vsplit / vmerge, pmap / ptail / pcompose / pinverse, emap, ebk). Shapes are static,
+so these are computed here from the two shapes rather than derived in the e-graph."""
 
 from __future__ import annotations
 
@@ -147,12 +147,37 @@ def broadcast_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, 
 
 
 def permute_facts(perm: list[int]) -> list[str]:
-    """Output dim o of the permutation `perm` is input dim perm[o] (negative dims): facts about the
-    permutation itself (its text, as terms write it), true of every term that applies it, so two
-    permutations of different sources may be one value without mixing their dim maps."""
+    """Output dim o of the permutation `perm` is input dim perm[o] (negative dims), and (ptail p k):
+    it leaves its last k dims in place (k the most it does): facts about the permutation itself (its
+    text, as terms write it), true of every term that applies it, so two permutations of different
+    sources may be one value without mixing their dim maps."""
     nd = len(perm)
-    text = _q(",".join(str(p) for p in perm))
-    return [f"(pmap {text} {in_dim - nd} {out_dim - nd})" for out_dim, in_dim in enumerate(perm)]
+    text = _permutation_text(perm)
+    kept = 0
+    while kept < nd and perm[nd - 1 - kept] == nd - 1 - kept:
+        kept += 1
+    facts = [f"(pmap {text} {in_dim - nd} {out_dim - nd})" for out_dim, in_dim in enumerate(perm)]
+    return [*facts, f"(ptail {text} {kept})"]
+
+
+def composition_facts(first: list[int], then: list[int]) -> list[str]:
+    """How x.permute(first).permute(then) permutes x: (pinverse first then) when it is x itself,
+    else (pcompose first then composed) with the composed permutation's own facts. Output dim o of
+    the second permutation is its input dim then[o], which is x's dim first[then[o]]."""
+    if len(first) != len(then):
+        return []
+    composed = [first[i] for i in then]
+    if composed == sorted(composed):
+        return [f"(pinverse {_permutation_text(first)} {_permutation_text(then)})"]
+    return [
+        f"(pcompose {_permutation_text(first)} {_permutation_text(then)} {_permutation_text(composed)})",
+        *permute_facts(composed),
+    ]
+
+
+def _permutation_text(perm: list[int]) -> str:
+    """A permutation as terms write it: `(Permute x "0,2,1")`."""
+    return _q(",".join(str(p) for p in perm))
 
 
 def expand_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "18"
+RULE_LIBRARY_VERSION = "19"
 
 
 @dataclass(frozen=True)
@@ -608,10 +608,13 @@ _FACTS = r"""
 def all_rules() -> tuple[Rule, ...]:
     # the families defined by concern in their own modules, which build on Rule
     from .index_sets import INDEX_SET_RULES
+    from .rules_permutations import PERMUTATION_RULES
     from .rules_ranges import RANGE_RULES
     from .rules_reductions import REDUCTION_RULES
 
-    return tuple(RANGE_RULES) + tuple(_RULES) + tuple(REDUCTION_RULES) + tuple(INDEX_SET_RULES)
+    return (
+        tuple(RANGE_RULES) + tuple(_RULES) + tuple(PERMUTATION_RULES) + tuple(REDUCTION_RULES) + tuple(INDEX_SET_RULES)
+    )
 
 
 def opaque_ops() -> frozenset[str]:

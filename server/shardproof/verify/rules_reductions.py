@@ -274,8 +274,9 @@ _rule(
 _rule(
     "partial-permuted",
     "partial",
-    "permuting contributions is linear",
-    "(rule ((= Y (Permute X p)) (= y (Permute x p)) (psum X x s e K)) ((psum Y y s e K)))",
+    "permuting contributions is linear (the reference's permutation is made if it does not exist: a rank may "
+    "put the reduce-scattered dim first, as Megatron's sequence parallelism transposes batch-first partial sums)",
+    "(rule ((= y (Permute x p)) (psum X x s e K)) ((psum (Permute X p) y s e K)))",
 )
 _rule(
     "share-scaled",

@@ -168,6 +168,25 @@ def scatter_then_gather(ref: nn.Module, rank: int, world_size: int) -> nn.Module
     return ScatterThenGather(ref, rank, world_size)
 
 
+class SequenceFirstScatter(ScatterThenGather):
+    """Megatron-LM's sequence parallelism on batch-first activations: the row-parallel partial sums
+    are put sequence-first for the reduce-scatter (which splits dim 0), the bias is added to the
+    rank's block of the sequence, and the gathered blocks are transposed back to batch-first."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(F.gelu(F.linear(x, self.up_w, self.up_b)), self.down_w)
+        out = out.transpose(0, 1).contiguous()  # [seq, batch, hidden]
+        part = torch.empty((out.shape[0] // self.world_size, *out.shape[1:]), dtype=out.dtype, device=out.device)
+        dist.reduce_scatter_tensor(part, out)
+        whole = torch.empty_like(out)
+        dist.all_gather_into_tensor(whole, (part + self.bias).contiguous())
+        return whole.transpose(0, 1)
+
+
+def sequence_first_scatter(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return SequenceFirstScatter(ref, rank, world_size)
+
+
 class Ulysses(nn.Module):
     """DeepSpeed-Ulysses: the sequence is sharded; an all-to-all turns it into head shards for
     attention over the whole sequence, and a second all-to-all turns it back."""
