@@ -41,7 +41,7 @@ from ..relations.expr import (
     is_deterministic,
     norm_dim,
 )
-from .frames import site_from_live_stack
+from .frames import LiveSites
 
 _DETERMINISTIC_FACTORIES = {
     "zeros",
@@ -346,6 +346,7 @@ class ProvenanceTracker(TorchDispatchMode):
         # Views share their input's storage and are read through their region on demand; the
         # site that made each view is kept so a slice points at the line that took it.
         self._view_sites: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], SourceSite | None] = {}
+        self._sites = LiveSites()
 
     # -- public API -------------------------------------------------------------------------
     def register(self, tensor: torch.Tensor, expr: Expr) -> None:
@@ -402,7 +403,7 @@ class ProvenanceTracker(TorchDispatchMode):
         )
 
     def _site(self) -> SourceSite | None:
-        return site_from_live_stack(skip=1)
+        return self._sites.site(skip=1)
 
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         name = func._schema.name.split("::")[-1]
