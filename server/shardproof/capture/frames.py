@@ -149,11 +149,27 @@ def exact_stack_traces() -> Iterator[None]:
     import torch.fx.proxy as fx_proxy
 
     original = fx_proxy.TracerBase._filter_traceback_frames
+    captured = fx_proxy.CapturedTraceback
     fx_proxy.TracerBase._filter_traceback_frames = _filter_with_positions  # type: ignore[assignment]
+    fx_proxy.CapturedTraceback = _UnreadTraceback  # type: ignore[misc]
     try:
         yield
     finally:
         fx_proxy.TracerBase._filter_traceback_frames = original  # type: ignore[method-assign]
+        fx_proxy.CapturedTraceback = captured  # type: ignore[misc]
+
+
+class _UnreadTraceback:
+    """What fx's node creation takes the stack with, when `_filter_with_positions` reads the live
+    stack itself: fx would extract and symbolize every frame (dozens of torch's own) for each
+    node, only for the filter to ignore them."""
+
+    @staticmethod
+    def extract() -> _UnreadTraceback:
+        return _UnreadTraceback()
+
+    def summary(self) -> traceback.StackSummary:
+        return traceback.StackSummary.from_list([("<unread>", 0, "forward", None)])
 
 
 def parse_stack_trace(text: str | None) -> SourceSite | None:

@@ -12,6 +12,7 @@ for all its instances.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -84,13 +85,15 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
             capture.memoized_reference = (reference, meta_inputs)
         reference, meta_inputs = capture.memoized_reference
 
+        traced: dict[tuple[str, str], Graph] = {}  # templates this process traced, for its later ranks
+
         def capture_rank(rank: int) -> ProgramPieces:
             with fake_rank(rank, world_size):
                 built = capture.build_rank(rank, world_size)
                 parallel, values = built.module, built.values
                 if dtensor.uses_dtensor(parallel):
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
-                pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks)
+                pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks, traced)
             return pieces.without_modules()
 
         def check_first(pieces: ProgramPieces) -> None:
@@ -119,7 +122,10 @@ def _pieces(
     rank: int | None,
     world_size: int,
     resolve: Any,
+    traced: dict[tuple[str, str], Graph] | None = None,
 ) -> ProgramPieces:
+    """One program cut at its blocks. `traced`: template graphs of other ranks of this world size,
+    by instance path and record (see `_same_template`), reused where they stand for this rank's."""
     try:
         instances = blocks.record(module, meta_inputs)
     except Exception as exc:  # noqa: BLE001 - the plain capture reports user errors at their line
@@ -134,8 +140,26 @@ def _pieces(
     for instance in memoized:
         if instance.template != instance.path or instance.path in templates:
             continue
-        templates[instance.path] = to_graph(_export_block(instance, stage), name, rank, world_size, resolve)
+        known = (traced or {}).get((instance.path, instance.digest))
+        if known is not None:
+            templates[instance.path] = _same_template(known, name, rank)
+            continue
+        graph = to_graph(_export_block(instance, stage), name, rank, world_size, resolve)
+        templates[instance.path] = graph
+        if traced is not None and not any(n.collective is not None and n.collective.kind == "p2p" for n in graph.nodes):
+            traced[(instance.path, instance.digest)] = graph
     return ProgramPieces(skeleton, values, instances, templates)
+
+
+def _same_template(graph: Graph, name: str, rank: int | None) -> Graph:
+    """Another rank's graph of a block instance at the same path with an equal record, as this
+    rank's: equal records are the same operations on the same literals, with collectives over the
+    same groups (blocks.py), which is what a template stands for within one program too. What a
+    graph says of its own rank beyond its record (the peer of a point-to-point call) rules the
+    graph out of being shared."""
+    shared = copy.deepcopy(graph)
+    shared.name, shared.rank = name, rank
+    return shared
 
 
 def _export_block(instance: blocks.BlockInstance, stage: str) -> torch.export.ExportedProgram:
