@@ -127,14 +127,14 @@ class _Recorder(TorchDispatchMode):
         op = _op(func)
         for position, name in op.written:
             value = args[position] if position < len(args) else kwargs.get(name)
-            for written in _leaves(value):
+            for written in meta_ops.leaves(value):
                 owner = names.get(id(written), "") if isinstance(written, torch.Tensor) else "v"
                 if not owner.startswith("v"):
                     # writing into an input, a parameter or a buffer (a KV cache another block or the
                     # caller may read), or into a view of one: the opaque call would hide the write
                     frame["instance"].memoizable = False
         described = []
-        for value in _leaves((args, kwargs)):
+        for value in meta_ops.leaves((args, kwargs)):
             if isinstance(value, torch.Tensor):
                 name = names.get(id(value))
                 if name is None:
@@ -152,7 +152,7 @@ class _Recorder(TorchDispatchMode):
         base = next((names.get(id(a), "") for a in args if isinstance(a, torch.Tensor)), "") if op.aliases else ""
         kind = base.split(":", 1)[0].split("~", 1)[0] if base and not base.startswith("v") else ""
         keep = frame["keep"]
-        for value in _leaves(result):
+        for value in meta_ops.leaves(result):
             if isinstance(value, torch.Tensor):
                 names[id(value)] = f"{kind}~v{frame['count']}" if kind else f"v{frame['count']}"
                 keep.append(value)
@@ -187,24 +187,6 @@ def _op(func: Any) -> _Op:
             aliases = any(r.alias_info is not None for r in schema.returns)
         op = _OPS[func] = _Op(str(func), written, aliases)
     return op
-
-
-def _leaves(value: Any) -> list[Any]:
-    """The leaves of operation arguments and results in pytree's order (lists, tuples and dicts
-    nest; everything else is a leaf), without pytree's generality: this runs for every operation."""
-    if isinstance(value, list | tuple):
-        if type(value) not in (list, tuple, torch.Size):
-            return pytree.tree_leaves(value)  # a named tuple of results
-        found: list[Any] = []
-        for item in value:
-            if isinstance(item, list | tuple | dict):
-                found.extend(_leaves(item))
-            else:
-                found.append(item)
-        return found
-    if isinstance(value, dict):
-        return _leaves(list(value.values()))
-    return [value]
 
 
 def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:

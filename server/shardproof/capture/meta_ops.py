@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 _LITERAL_TYPES = (int, float, bool, str, complex, type(None))
 _LITERAL_TYPES += (torch.dtype, torch.device, torch.layout, torch.memory_format)
@@ -120,3 +121,21 @@ def _maker(result: Any) -> Callable[[], Any] | None:
     if isinstance(result, int | float | bool) and not isinstance(result, torch.SymInt | torch.SymFloat):
         return lambda: result
     return None
+
+
+def leaves(value: Any) -> list[Any]:
+    """The leaves of operation arguments and results in pytree's order (lists, tuples and dicts
+    nest; everything else is a leaf), without pytree's generality: this runs for every operation."""
+    if isinstance(value, list | tuple):
+        if type(value) not in (list, tuple, torch.Size):
+            return tree_leaves(value)  # a named tuple of results
+        found: list[Any] = []
+        for item in value:
+            if isinstance(item, list | tuple | dict):
+                found.extend(leaves(item))
+            else:
+                found.append(item)
+        return found
+    if isinstance(value, dict):
+        return leaves(list(value.values()))
+    return [value]

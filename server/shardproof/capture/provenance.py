@@ -42,6 +42,7 @@ from ..relations.expr import (
     norm_dim,
 )
 from .frames import LiveSites
+from .meta_ops import leaves
 
 _DETERMINISTIC_FACTORIES = {
     "zeros",
@@ -395,7 +396,7 @@ class ProvenanceTracker(TorchDispatchMode):
 
     @staticmethod
     def _tensors(value: Any) -> list[torch.Tensor]:
-        return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+        return [t for t in leaves(value) if isinstance(t, torch.Tensor)]
 
     def _new(self, tensor: torch.Tensor, expr: Expr) -> None:
         self._records[_storage_key(tensor)] = _StorageRecord(
@@ -517,7 +518,7 @@ class ProvenanceTracker(TorchDispatchMode):
         site: SourceSite | None,
     ) -> Expr:
         shape, dtype = tuple(out.shape), _dtype(out)
-        tensor_args = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        tensor_args = [a for a in leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         sources = tuple(self.expr_of(t) for t in tensor_args)
         if not tensor_args:
             if name in _RANDOM:
