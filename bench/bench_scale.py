@@ -149,7 +149,7 @@ def main() -> None:
             rows = [(f"{n} layers", median_of(args.runs, project, LLAMA_405B, n, 8)) for n in (2, 8, 32, 126)]
             tables.append(("405B shape at TP=8, by number of layers", rows))
         if args.only in (None, "world"):
-            rows = [(f"TP={w}", median_of(args.runs, project, LLAMA_405B, 2, w)) for w in (2, 4, 8, 16, 32)]
+            rows = [(f"TP={w}", median_of(args.runs, project, LLAMA_405B, 2, w)) for w in (2, 4, 8, 16, 32, 64)]
             tables.append(("405B shape, 2 layers, by tensor-parallel size", rows))
         if args.only in (None, "gpt"):
             rows = [
@@ -186,6 +186,11 @@ def main() -> None:
             parallel.write_text(parallel.read_text() + "\n# an edit\n")
             rows.append(("after editing tp.py (a comment)", run(project, LLAMA_405B, 126, 8, cache=cache)))
             tables.append(("Warm and incremental, 405B at TP=8 (one run each)", rows))
+    # the row each table's ratios are taken against
+    baselines = {
+        "405B shape at TP=8, by number of layers": "2 layers",
+        "405B shape, 2 layers, by tensor-parallel size": "TP=8",
+    }
     for title, rows in tables:
         print(f"\n{title}\n")
         print(
@@ -193,6 +198,7 @@ def main() -> None:
             "| reused | peak RSS |"
         )
         print("|---|---|---|---|---|---|---|---|---|")
+        base = dict(rows).get(baselines.get(title, ""))
         for label, r in rows:
             if r["reused"]:
                 reused, capture, verification = "the whole result", "-", "-"
@@ -205,6 +211,12 @@ def main() -> None:
                 f"{r['parts'] if r['parts'] is not None else '-'} | {reused} | "
                 f"{float(r['peak_gib']):.2f} GiB |"  # type: ignore[arg-type]
             )
+        if base is not None:
+            print(f"\nratios against {baselines[title]} (wall time, capture):")
+            for label, r in rows:
+                wall = float(r["wall"]) / float(base["wall"])  # type: ignore[arg-type]
+                capture = float(r["capture"]) / max(float(base["capture"]), 1e-9)  # type: ignore[arg-type]
+                print(f"  {label}: {wall:.2f}x, {capture:.2f}x")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,20 @@ Instead, for the reference and for every rank:
 
 A block whose record uses a tensor that is neither its input nor its own (a module attribute
 of another module, a global) is not memoized: its result could depend on something the record
-does not show. So is a block with forward hooks of its own.
+does not show. So is a block with forward hooks of its own, and one whose record holds an
+argument it cannot write down (an object other than a number, string, dtype, device, layout,
+memory format, process group or reduction): two such arguments could differ where the records
+look equal. A collective's process group is written as its ranks and its reduction as its kind.
+
+Every instance runs. Its operations are cheap (meta_ops.py answers an operation from an earlier
+equal call), but its Python runs, and that is what makes the record a record: an instance is not
+skipped because its module looks like one already recorded. "Looks like" (same classes, equal
+attributes, parameters of equal shapes, equal arguments) does not make the computation the same
+when the forward reads state outside its module and arguments: a module-level counter it
+increments (`if CALLS == 3`), a branch on its identity (`if self is model.layers[-1]`), a shared
+object the caller updates between calls, torch's global modes set by the caller. Telling those
+apart would need what torch.compile's guards do (every global and attribute the forward reads,
+re-checked per instance), so the record stays the per-instance run.
 """
 
 from __future__ import annotations
