@@ -104,14 +104,20 @@ def run(
     command = [sys.executable, "-m", "shardproof", "verify", "--project", str(project), "--json"]
     command += ["--check", check, "--world-size", str(world_size), *flags]
     start = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    before_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = before_usage.ru_maxrss
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak = usage.ru_maxrss
+    # processor time of the run and every process it waited for (the forked capture processes, the
+    # saturation processes): less sensitive than wall time to other work on a shared machine
+    cpu = (usage.ru_utime + usage.ru_stime) - (before_usage.ru_utime + before_usage.ru_stime)
     report = json.loads(done.stdout)
     (outcome,) = report["checks"][0]["world_sizes"]
     return {
         "wall": wall,
+        "cpu": cpu,
         "verdict": outcome["verdict"],
         "capture": outcome["seconds"].get("capture", 0.0),
         "verification": outcome["seconds"].get("verification", 0.0),
@@ -127,7 +133,7 @@ def run(
 def median_of(runs: int, *args: object) -> dict[str, object]:
     results = [run(*args) for _ in range(runs)]  # type: ignore[arg-type]
     median = dict(results[0])
-    for key in ("wall", "capture", "verification"):
+    for key in ("wall", "cpu", "capture", "verification"):
         median[key] = statistics.median(float(r[key]) for r in results)  # type: ignore[arg-type]
     median["peak_gib"] = max(float(r["peak_gib"]) for r in results)  # type: ignore[arg-type]
     return median
@@ -149,7 +155,7 @@ def main() -> None:
             rows = [(f"{n} layers", median_of(args.runs, project, LLAMA_405B, n, 8)) for n in (2, 8, 32, 126)]
             tables.append(("405B shape at TP=8, by number of layers", rows))
         if args.only in (None, "world"):
-            rows = [(f"TP={w}", median_of(args.runs, project, LLAMA_405B, 2, w)) for w in (2, 4, 8, 16, 32)]
+            rows = [(f"TP={w}", median_of(args.runs, project, LLAMA_405B, 2, w)) for w in (2, 4, 8, 16, 32, 64)]
             tables.append(("405B shape, 2 layers, by tensor-parallel size", rows))
         if args.only in (None, "gpt"):
             rows = [
@@ -186,13 +192,19 @@ def main() -> None:
             parallel.write_text(parallel.read_text() + "\n# an edit\n")
             rows.append(("after editing tp.py (a comment)", run(project, LLAMA_405B, 126, 8, cache=cache)))
             tables.append(("Warm and incremental, 405B at TP=8 (one run each)", rows))
+    # the row each table's ratios are taken against
+    baselines = {
+        "405B shape at TP=8, by number of layers": "2 layers",
+        "405B shape, 2 layers, by tensor-parallel size": "TP=8",
+    }
     for title, rows in tables:
         print(f"\n{title}\n")
         print(
-            "| configuration | verdict | wall time | capture | verification | distinct blocks | parts "
-            "| reused | peak RSS |"
+            "| configuration | verdict | wall time | processor time | capture | verification | distinct blocks "
+            "| parts | reused | peak RSS |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        base = dict(rows).get(baselines.get(title, ""))
         for label, r in rows:
             if r["reused"]:
                 reused, capture, verification = "the whole result", "-", "-"
@@ -200,11 +212,20 @@ def main() -> None:
                 reused = f"{r['cached_units']} units" if r["cached_units"] else "-"
                 capture, verification = f"{float(r['capture']):.1f} s", f"{float(r['verification']):.2f} s"  # type: ignore[arg-type]
             print(
-                f"| {label} | {r['verdict']} | {float(r['wall']):.1f} s | {capture} | {verification} | "  # type: ignore[arg-type]
+                f"| {label} | {r['verdict']} | {float(r['wall']):.1f} s | {float(r['cpu']):.1f} s "  # type: ignore[arg-type]
+                f"| {capture} | {verification} | "
                 f"{r['templates'] if r['templates'] is not None else '-'} | "
                 f"{r['parts'] if r['parts'] is not None else '-'} | {reused} | "
                 f"{float(r['peak_gib']):.2f} GiB |"  # type: ignore[arg-type]
             )
+        if base is not None:
+            print(f"\nratios against {baselines[title]} (wall time, processor time, capture):")
+            for label, r in rows:
+                wall, cpu, capture = (
+                    float(r[key]) / max(float(base[key]), 1e-9)  # type: ignore[arg-type]
+                    for key in ("wall", "cpu", "capture")
+                )
+                print(f"  {label}: {wall:.2f}x, {cpu:.2f}x, {capture:.2f}x")
 
 
 if __name__ == "__main__":

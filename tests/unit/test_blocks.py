@@ -49,3 +49,67 @@ def test_a_write_into_a_view_of_the_input_is_not_memoized() -> None:
 
 def test_a_tensor_from_outside_the_block_is_not_memoized() -> None:
     assert not any(i.memoizable for i in record("outside"))
+
+
+class ReducingBlock(nn.Module):
+    """Reduces its projection over a process group with a reduction, both chosen per layer."""
+
+    def __init__(self, op: object = None, group: object = None) -> None:
+        super().__init__()
+        self.op, self.group = op, group
+        self.proj = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        y = self.proj(x)
+        dist.all_reduce(y, op=self.op or dist.ReduceOp.SUM, group=self.group)
+        return x + y
+
+
+def test_layers_reducing_with_another_operation_or_group_get_their_own_template() -> None:
+    import torch.distributed as dist
+
+    from shardproof.capture.fake_pg import fake_rank
+
+    with fake_rank(0, 4):
+        pair = dist.new_group([0, 1])
+        with torch.device("meta"):
+            model = nn.Sequential(
+                ReducingBlock(),
+                ReducingBlock(),
+                ReducingBlock(op=dist.ReduceOp.MAX),  # a MAX among sums
+                ReducingBlock(group=pair),  # a sum over two ranks among sums over four
+            )
+        instances = blocks.record(model, (torch.zeros(2, 8, device="meta"),))
+    assert {i.path: i.template for i in instances} == {"0": "0", "1": "0", "2": "2", "3": "3"}
+    assert all(i.memoizable for i in instances)
+
+
+def test_an_argument_the_record_cannot_describe_is_not_memoized() -> None:
+    class Takes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(8, 8, bias=False)
+
+        def forward(self, x: torch.Tensor, scale: object) -> torch.Tensor:
+            return self.proj(x) * scale.value  # type: ignore[attr-defined]
+
+    class Scale:
+        def __init__(self, value: float) -> None:
+            self.value = value
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Takes() for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, Scale(float(i)))  # the layers' own objects differ in what they hold
+            return x
+
+    with torch.device("meta"):
+        model = Model()
+    instances = blocks.record(model, (torch.zeros(2, 8, device="meta"),))
+    assert not any(i.memoizable for i in instances)

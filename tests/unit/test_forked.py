@@ -9,11 +9,30 @@ import pytest
 from shardproof.capture.forked import map_ranks
 
 
+def _slowly(rank: int) -> tuple[int, int]:
+    import time
+
+    time.sleep(0.2)  # long enough for every process to take ranks
+    return rank, os.getpid()
+
+
 def test_ranks_come_back_in_order_from_every_process() -> None:
-    results = map_ranks(lambda rank: (rank, os.getpid()), 5, 2)
+    results = map_ranks(_slowly, 5, 2)
     assert [rank for rank, _ in results] == [0, 1, 2, 3, 4]
     assert len({pid for _, pid in results}) == 2
-    assert {pid for rank, pid in results if rank % 2 == 0} == {os.getpid()}
+    assert results[0][1] == os.getpid()  # rank 0 is always this process's
+
+
+def test_work_this_process_does_first_leaves_the_ranks_to_the_others() -> None:
+    import time
+
+    done: list[float] = []
+    start = time.perf_counter()
+    results = map_ranks(_slowly, 5, 2, before_own=lambda: (time.sleep(0.9), done.append(time.perf_counter())))
+    assert [rank for rank, _ in results] == [0, 1, 2, 3, 4]
+    # while this process was busy, the child took ranks 1 to 4 (0.2 s each)
+    assert [rank for rank, pid in results if pid == os.getpid()] == [0]
+    assert done and time.perf_counter() - start < 0.9 + 5 * 0.2
 
 
 def test_the_first_error_in_rank_order_is_raised_whoever_met_it() -> None:

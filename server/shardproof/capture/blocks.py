@@ -17,7 +17,20 @@ Instead, for the reference and for every rank:
 
 A block whose record uses a tensor that is neither its input nor its own (a module attribute
 of another module, a global) is not memoized: its result could depend on something the record
-does not show. So is a block with forward hooks of its own.
+does not show. So is a block with forward hooks of its own, and one whose record holds an
+argument it cannot write down (an object other than a number, string, dtype, device, layout,
+memory format, process group or reduction): two such arguments could differ where the records
+look equal. A collective's process group is written as its ranks and its reduction as its kind.
+
+Every instance runs. Its operations are cheap (meta_ops.py answers an operation from an earlier
+equal call), but its Python runs, and that is what makes the record a record: an instance is not
+skipped because its module looks like one already recorded. "Looks like" (same classes, equal
+attributes, parameters of equal shapes, equal arguments) does not make the computation the same
+when the forward reads state outside its module and arguments: a module-level counter it
+increments (`if CALLS == 3`), a branch on its identity (`if self is model.layers[-1]`), a shared
+object the caller updates between calls, torch's global modes set by the caller. Telling those
+apart would need what torch.compile's guards do (every global and attribute the forward reads,
+re-checked per instance), so the record stays the per-instance run.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import meta_ops
 
 _MIN_REPEATS = 2
 
@@ -84,7 +99,7 @@ class _Recorder(TorchDispatchMode):
 
     def open(self, instance: BlockInstance, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         names: dict[int, str] = {}
-        keep: list[torch.Tensor] = []
+        keep: list[Any] = []
         flat, spec = pytree.tree_flatten((args, kwargs))
         for position, value in enumerate(flat):
             if isinstance(value, torch.Tensor):
@@ -97,6 +112,8 @@ class _Recorder(TorchDispatchMode):
             names.setdefault(id(value), f"own:{name}")
             keep.append(value)
         literal = [_literal(v) if not isinstance(v, torch.Tensor) else _tensor_type(v) for v in flat]
+        if any(text is None for text in literal):
+            instance.memoizable = False  # an argument the record cannot tell apart from another
         self.frames.append(
             {"instance": instance, "names": names, "keep": keep, "lines": [repr((str(spec), literal))], "count": 0}
         )
@@ -115,22 +132,22 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        result = func(*args, **kwargs)
+        result = meta_ops.run(func, args, kwargs)
         if not self.frames:
             return result
         frame = self.frames[-1]
         names: dict[int, str] = frame["names"]
-        schema = getattr(func, "_schema", None)
-        if schema is not None and schema.is_mutable:
-            for argument, value in zip(schema.arguments, args, strict=False):
-                written = argument.alias_info is not None and argument.alias_info.is_write
-                owner = names.get(id(value), "") if isinstance(value, torch.Tensor) else "v"
-                if written and not owner.startswith("v"):
+        op = _op(func)
+        for position, name in op.written:
+            value = args[position] if position < len(args) else kwargs.get(name)
+            for written in meta_ops.leaves(value):
+                owner = names.get(id(written), "") if isinstance(written, torch.Tensor) else "v"
+                if not owner.startswith("v"):
                     # writing into an input, a parameter or a buffer (a KV cache another block or the
                     # caller may read), or into a view of one: the opaque call would hide the write
                     frame["instance"].memoizable = False
         described = []
-        for value in pytree.tree_leaves((args, kwargs)):
+        for value in meta_ops.leaves((args, kwargs)):
             if isinstance(value, torch.Tensor):
                 name = names.get(id(value))
                 if name is None:
@@ -139,18 +156,50 @@ class _Recorder(TorchDispatchMode):
                     name = f"outside:{_tensor_type(value)}"
                 described.append(name)
             else:
-                described.append(_literal(value))
+                text = _literal(value)
+                if text is None:
+                    frame["instance"].memoizable = False  # an object the record cannot describe
+                    text = type(value).__name__
+                described.append(text)
         # a view keeps the kind of what it views (an input's view is still the input's memory)
-        aliases = schema is not None and any(r.alias_info is not None for r in schema.returns)
-        base = next((names.get(id(a), "") for a in args if isinstance(a, torch.Tensor)), "") if aliases else ""
+        base = next((names.get(id(a), "") for a in args if isinstance(a, torch.Tensor)), "") if op.aliases else ""
         kind = base.split(":", 1)[0].split("~", 1)[0] if base and not base.startswith("v") else ""
-        for value in pytree.tree_leaves(result):
+        keep = frame["keep"]
+        for value in meta_ops.leaves(result):
             if isinstance(value, torch.Tensor):
                 names[id(value)] = f"{kind}~v{frame['count']}" if kind else f"v{frame['count']}"
-                frame["keep"].append(value)
+                keep.append(value)
                 frame["count"] += 1
-        frame["lines"].append(f"{func} {described}")
+        frame["lines"].append(f"{op.name} {described}")
         return result
+
+
+@dataclass(frozen=True)
+class _Op:
+    name: str  # how the record writes the op
+    written: tuple[tuple[int, str], ...]  # (position, name) of every argument the op writes
+    aliases: bool  # a result is a view of an argument
+
+
+_OPS: dict[Any, _Op] = {}
+
+
+def _op(func: Any) -> _Op:
+    op = _OPS.get(func)
+    if op is None:
+        schema = getattr(func, "_schema", None)
+        written: tuple[tuple[int, str], ...] = ()
+        aliases = False
+        if schema is not None:
+            if schema.is_mutable:
+                written = tuple(
+                    (position, argument.name)
+                    for position, argument in enumerate(schema.arguments)
+                    if argument.alias_info is not None and argument.alias_info.is_write
+                )
+            aliases = any(r.alias_info is not None for r in schema.returns)
+        op = _OPS[func] = _Op(str(func), written, aliases)
+    return op
 
 
 def tensor_attributes(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -168,12 +217,39 @@ def _tensor_type(value: torch.Tensor) -> str:
     return f"{tuple(value.shape)}:{value.dtype}"
 
 
-def _literal(value: Any) -> str:
+def _literal(value: Any) -> str | None:
+    """How the record writes a non-tensor argument; None when it cannot say what the argument is
+    (two such arguments could differ where the record shows them equal)."""
     if isinstance(value, int | float | bool | str | type(None) | torch.dtype | torch.device | torch.memory_format):
         return repr(value)
+    if isinstance(value, torch.layout):
+        return repr(value)
     if isinstance(value, torch.Size | list | tuple):
-        return repr([_literal(v) for v in value])
-    return type(value).__name__  # process groups, script objects: what they are, not where
+        items = [_literal(v) for v in value]
+        return None if any(i is None for i in items) else repr(items)
+    if isinstance(value, torch.ScriptObject):
+        return _script_object(value)
+    return None
+
+
+def _script_object(value: torch.ScriptObject) -> str | None:
+    """The collectives' process group by its ranks, and their reduction by its kind: two layers
+    reducing over other groups, or with another operation, are other computations."""
+    import torch.distributed as dist
+
+    kind = value._type().qualified_name()
+    try:
+        if kind.endswith("c10d.ProcessGroup"):
+            group = torch._C._distributed_c10d.ProcessGroup.unbox(value)
+            return f"group{dist.get_process_group_ranks(group)}"
+        if kind.endswith("c10d.ReduceOp"):
+            op = int(value._get_method("op")())
+            if op == int(dist.ReduceOp.RedOpType.PREMUL_SUM):
+                return None  # its factor is not readable
+            return f"reduce-op {op}"
+    except Exception:  # noqa: BLE001 - an object we cannot read is one we cannot describe
+        return None
+    return None
 
 
 def record(module: nn.Module, inputs: tuple[Any, ...]) -> list[BlockInstance]:

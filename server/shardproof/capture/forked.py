@@ -1,11 +1,13 @@
 """Capture the ranks of a world size in forked processes, one per core.
 
 Capturing a rank (building it on meta tensors, tracing it, normalising the graph) is independent
-of the other ranks and takes most of a run. The process forks after the project is imported and
-the reference captured; each child captures every `workers`-th rank and sends its results back
-pickled, and this process captures its own share meanwhile. A rank a child could not deliver (its
-capture raised, the child died, a result that does not pickle) is captured again here, in rank
-order, so errors are raised exactly as by a capture of one rank after another.
+of the other ranks and takes most of a run. The process forks after the project is imported;
+every process then takes the next rank not yet taken (a counter the processes share), so a
+process that had other work first (this one captures rank 0, and whatever `before_own` does,
+while the children already capture) takes fewer ranks. Children send their results back pickled.
+A rank a child could not deliver (its capture raised, the child died, a result that does not
+pickle) is captured again here, in rank order, so errors are raised exactly as by a capture of
+one rank after another.
 
 Children run torch with one intra-op thread: an OpenMP thread team of the parent (left by a
 numeric witness) does not survive a fork, and meta tensors need no threads.
@@ -34,58 +36,62 @@ def map_ranks(
     workers: int | None = None,
     check_first: Callable[[T], None] | None = None,
     announce: Callable[[int], None] | None = None,
+    before_own: Callable[[], None] | None = None,
 ) -> list[T]:
     """[capture_one(rank) for rank in range(world_size)], the ranks shared among `workers`
     processes (default: one per core). `capture_one` must not change state this process relies on
-    later (children's changes are lost); what it returns must pickle. `check_first` sees rank 0's
-    result as soon as it is captured: what it raises stops every process and is raised at once (a
-    capture that rank 0 already shows to be of no use is not finished for the other ranks), as is
-    an error of rank 0 itself. `announce(rank)` is called before each rank this process captures
-    (progress reports: a child must not write to this process's channels)."""
+    later (children's changes are lost); what it returns must pickle. `before_own` runs here once
+    the children are started, before rank 0 (work this process needs, done while the children
+    capture). `check_first` sees rank 0's result as soon as it is captured: what it raises stops
+    every process and is raised at once (a capture that rank 0 already shows to be of no use is
+    not finished for the other ranks), as is an error of rank 0 itself or of `before_own`.
+    `announce(rank)` is called before each rank this process captures (progress reports: a child
+    must not write to this process's channels)."""
     workers = min(workers or default_workers(), world_size)
     check = check_first or (lambda _result: None)
     say = announce or (lambda _rank: None)
+    prepare = before_own or (lambda: None)
 
     def here(rank: int) -> T:
         say(rank)
         return capture_one(rank)
 
     if workers <= 1 or not hasattr(os, "fork"):
+        prepare()
         first = here(0)
         check(first)
         return [first] + [here(rank) for rank in range(1, world_size)]
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()  # else the children would write this process's buffered output again
-    children: list[tuple[int, int, list[int]]] = []  # (pid, read end, ranks)
+    queue = _RankQueue(world_size)
+    children: list[tuple[int, int]] = []  # (pid, read end)
     collected: set[int] = set()
     try:
-        for share in range(1, workers):
-            ranks = list(range(share, world_size, workers))
+        for _ in range(1, workers):
             read_end, write_end = os.pipe()
             pid = os.fork()
             if pid == 0:  # the child: never returns
                 os.close(read_end)
-                _serve_child(capture_one, ranks, write_end)
+                _serve_child(capture_one, queue, write_end)
             os.close(write_end)
-            children.append((pid, read_end, ranks))
+            children.append((pid, read_end))
         results: dict[int, object] = {}
         own_error: tuple[int, BaseException] | None = None
-        for rank in range(0, world_size, workers):
-            if rank == 0:  # no other rank comes before it: its error or check ends the capture now
-                results[0] = here(0)
-                check(results[0])  # type: ignore[arg-type]
-                continue
+        prepare()
+        results[0] = here(0)  # no other rank comes before it: its error or check ends the capture now
+        check(results[0])  # type: ignore[arg-type]
+        while (rank := queue.take()) is not None:
             try:
                 results[rank] = here(rank)
             except Exception as exc:  # noqa: BLE001 - raised below, in rank order
                 own_error = (rank, exc)
                 break
-        for pid, read_end, ranks in children:
+        for pid, read_end in children:
             collected.add(pid)
-            results.update(_collect(pid, read_end, ranks))
+            results.update(_collect(pid, read_end, world_size))
     finally:
-        for pid, read_end, _ in children:
+        for pid, read_end in children:
             if pid in collected:
                 continue
             with contextlib.suppress(OSError):
@@ -102,7 +108,26 @@ def map_ranks(
     return ordered
 
 
-def _serve_child(capture_one: Callable[[int], object], ranks: list[int], write_end: int) -> None:
+class _RankQueue:
+    """The ranks after 0 not yet taken by any process (a counter in memory the forks share)."""
+
+    def __init__(self, world_size: int) -> None:
+        import multiprocessing
+
+        self._next = multiprocessing.RawValue("i", 1)
+        self._lock = multiprocessing.Lock()
+        self._world_size = world_size
+
+    def take(self) -> int | None:
+        with self._lock:
+            rank = self._next.value
+            if rank >= self._world_size:
+                return None
+            self._next.value = rank + 1
+        return rank
+
+
+def _serve_child(capture_one: Callable[[int], object], queue: _RankQueue, write_end: int) -> None:
     code = 0
     try:
         from ..worker import stacks
@@ -112,7 +137,7 @@ def _serve_child(capture_one: Callable[[int], object], ranks: list[int], write_e
         if torch is not None:
             torch.set_num_threads(1)
         delivered: dict[int, object] = {}
-        for rank in ranks:
+        while (rank := queue.take()) is not None:
             try:
                 delivered[rank] = capture_one(rank)
             except BaseException:  # noqa: BLE001 - the parent captures this rank again and raises
@@ -134,7 +159,7 @@ def _serve_child(capture_one: Callable[[int], object], ranks: list[int], write_e
         os._exit(code)
 
 
-def _collect(pid: int, read_end: int, ranks: list[int]) -> dict[int, object]:
+def _collect(pid: int, read_end: int, world_size: int) -> dict[int, object]:
     """What a child delivered; nothing when it died or sent something unreadable."""
     chunks: list[bytes] = []
     with os.fdopen(read_end, "rb") as pipe:
@@ -147,4 +172,4 @@ def _collect(pid: int, read_end: int, ranks: list[int]) -> dict[int, object]:
     except Exception:  # noqa: BLE001 - a truncated or empty answer: captured again by the parent
         return {}
     environment.add_names(names)
-    return {rank: value for rank, value in delivered.items() if rank in ranks}
+    return {rank: value for rank, value in delivered.items() if 0 < rank < world_size}

@@ -149,11 +149,27 @@ def exact_stack_traces() -> Iterator[None]:
     import torch.fx.proxy as fx_proxy
 
     original = fx_proxy.TracerBase._filter_traceback_frames
+    captured = fx_proxy.CapturedTraceback
     fx_proxy.TracerBase._filter_traceback_frames = _filter_with_positions  # type: ignore[assignment]
+    fx_proxy.CapturedTraceback = _UnreadTraceback  # type: ignore[misc]
     try:
         yield
     finally:
         fx_proxy.TracerBase._filter_traceback_frames = original  # type: ignore[method-assign]
+        fx_proxy.CapturedTraceback = captured  # type: ignore[misc]
+
+
+class _UnreadTraceback:
+    """What fx's node creation takes the stack with, when `_filter_with_positions` reads the live
+    stack itself: fx would extract and symbolize every frame (dozens of torch's own) for each
+    node, only for the filter to ignore them."""
+
+    @staticmethod
+    def extract() -> _UnreadTraceback:
+        return _UnreadTraceback()
+
+    def summary(self) -> traceback.StackSummary:
+        return traceback.StackSummary.from_list([("<unread>", 0, "forward", None)])
 
 
 def parse_stack_trace(text: str | None) -> SourceSite | None:
@@ -180,5 +196,79 @@ def parse_stack_trace(text: str | None) -> SourceSite | None:
 
 def site_from_live_stack(skip: int = 1) -> SourceSite | None:
     """The user site of the caller (used by the parameter-provenance tracker)."""
-    text = "".join(traceback.StackSummary.from_list(live_user_frames(skip=skip + 1)).format())
-    return parse_stack_trace(text)
+    return LiveSites().site(skip=skip + 1)
+
+
+# traceback's StackSummary.format keeps this many consecutive repetitions of one frame (deep
+# recursion); `parse_stack_trace` reads a formatted trace, so the sites built directly keep as many
+_RECURSIVE_CUTOFF = 3
+
+
+class LiveSites:
+    """The user site of the live stack, as `parse_stack_trace` reads it from the trace
+    `live_user_frames` gives (the same frames, lines, columns and code), built without formatting
+    and parsing text and remembered per chain of executing instructions: a builder runs the same
+    few lines for every layer, and the provenance tracker asks for the site of every operation.
+    One instance per capture (the code text is read once per instruction)."""
+
+    def __init__(self) -> None:
+        self._user: dict[str, bool] = {}
+        self._frames: dict[tuple[CodeType, int], Frame] = {}
+        self._sites: dict[tuple[tuple[CodeType, int], ...], SourceSite | None] = {}
+
+    def site(self, skip: int = 1) -> SourceSite | None:
+        """The site of the caller's caller `skip` frames up (skip=1: whoever called the caller)."""
+        frame: FrameType | None = sys._getframe(skip + 1)
+        chain: list[tuple[CodeType, int]] = []
+        user = self._user
+        while frame is not None and len(chain) < _MAX_FRAMES:
+            code = frame.f_code
+            filename = code.co_filename
+            if filename.startswith(_SHARDPROOF_ROOT) and chain:
+                break
+            if BACKWARD.depth and (code.co_name == _ENGINE_ENTRY or filename.startswith(_SHARDPROOF_ROOT)):
+                break
+            is_user = user.get(filename)
+            if is_user is None:
+                is_user = user[filename] = is_user_file(filename)
+            if is_user:
+                instruction = (code, frame.f_lasti)
+                if instruction not in self._frames:
+                    self._frames[instruction] = _frame_now(frame)
+                chain.append(instruction)
+            frame = frame.f_back
+        key = tuple(chain)
+        if key not in self._sites:
+            self._sites[key] = self._build(key)
+        return self._sites[key]
+
+    def _build(self, chain: tuple[tuple[CodeType, int], ...]) -> SourceSite | None:
+        frames: list[Frame] = []
+        last: tuple[str, int, str] | None = None
+        repeated = 0
+        for instruction in reversed(chain):  # outermost first
+            frame = self._frames[instruction]
+            shown = (frame.file, frame.line, _encoded_name(frame))
+            repeated = repeated + 1 if shown == last else 1
+            last = shown
+            if repeated > _RECURSIVE_CUTOFF or '"' in frame.file:
+                continue  # dropped by the formatted trace (or unreadable in it)
+            frames.append(frame)
+        return SourceSite(tuple(frames)) if frames else None
+
+
+def _frame_now(frame: FrameType) -> Frame:
+    """A live frame as `parse_stack_trace` reads it back from `live_user_frames`' trace."""
+    filename = frame.f_code.co_filename
+    line, end_line, column, end_column = _frame_positions(frame)
+    if column is None or end_column is None or end_line is None:
+        column = end_line = end_column = None
+    text = linecache.getline(filename, line).strip()
+    return Frame(filename, line, frame.f_code.co_name, text, column, end_line, end_column, library_of(filename))
+
+
+def _encoded_name(frame: Frame) -> str:
+    """The frame's name as `live_user_frames` writes it (with the position, when known)."""
+    if frame.column is None:
+        return frame.function
+    return f"{frame.function} [@{frame.line}:{frame.column}-{frame.end_line}:{frame.end_column}]"

@@ -12,6 +12,7 @@ for all its instances.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -77,12 +78,23 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
     if capture.check.same_code_reference:
         raise NotMemoizable("the reference is the same code at world size 1")
     with import_roots(capture.project.python_path):
+        pending = None
         if capture.memoized_reference is None:  # the reference is the same for every world size
+            # built and recorded before the ranks (what rules memoization out shows here first),
+            # traced while the other processes capture ranks
             meta_inputs = _to_meta(capture.example_inputs())
             module, reference_values = _build_reference(capture.build_reference, ProvenanceTracker())
-            reference = _pieces(module, reference_values, meta_inputs, "reference", None, 1, None)
-            capture.memoized_reference = (reference, meta_inputs)
-        reference, meta_inputs = capture.memoized_reference
+            pending = (module, reference_values, _recorded(module, meta_inputs), meta_inputs)
+            _warm_up_tracing()
+
+        def trace_reference() -> None:
+            if pending is not None:
+                module, reference_values, instances, meta_inputs = pending
+                reference = _traced(module, reference_values, instances, meta_inputs, "reference", None, 1, None)
+                capture.memoized_reference = (reference, meta_inputs)
+
+        meta_inputs = pending[3] if pending is not None else capture.memoized_reference[1]
+        traced: dict[tuple[str, str], Graph] = {}  # templates this process traced, for its later ranks
 
         def capture_rank(rank: int) -> ProgramPieces:
             with fake_rank(rank, world_size):
@@ -90,20 +102,22 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
                 parallel, values = built.module, built.values
                 if dtensor.uses_dtensor(parallel):
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
-                pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks)
+                pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks, traced)
             return pieces.without_modules()
 
         def check_first(pieces: ProgramPieces) -> None:
             # rank 0 shows what rules out memoization for every rank (blocks entered
             # sequence-sharded): known before the other ranks are captured
-            _units(reference, [pieces])
+            _units(capture.memoized_reference[0], [pieces])
 
         ranks = map_ranks(
             capture_rank,
             world_size,
             check_first=check_first,
             announce=lambda rank: capture.progress(f"capturing rank {rank} of {world_size}, each distinct layer once"),
+            before_own=trace_reference,
         )
+    reference = capture.memoized_reference[0]
     units = _units(reference, ranks)
     for program in [reference, *ranks]:
         for graph in [program.skeleton, *program.templates.values()]:
@@ -119,7 +133,16 @@ def _pieces(
     rank: int | None,
     world_size: int,
     resolve: Any,
+    traced: dict[tuple[str, str], Graph] | None = None,
 ) -> ProgramPieces:
+    """One program cut at its blocks. `traced`: template graphs of other ranks of this world size,
+    by instance path and record (see `_same_template`), reused where they stand for this rank's."""
+    instances = _recorded(module, meta_inputs)
+    return _traced(module, values, instances, meta_inputs, name, rank, world_size, resolve, traced)
+
+
+def _recorded(module: nn.Module, meta_inputs: tuple[Any, ...]) -> list[blocks.BlockInstance]:
+    """The program's block instances, recorded; NotMemoizable when no block repeats."""
     try:
         instances = blocks.record(module, meta_inputs)
     except Exception as exc:  # noqa: BLE001 - the plain capture reports user errors at their line
@@ -127,6 +150,22 @@ def _pieces(
     memoized = [i for i in instances if i.memoizable]
     if not memoized or len({i.template for i in memoized}) == len(memoized):
         raise NotMemoizable("no block repeats")
+    return instances
+
+
+def _traced(
+    module: nn.Module,
+    values: dict[str, Expr],
+    instances: list[blocks.BlockInstance],
+    meta_inputs: tuple[Any, ...],
+    name: str,
+    rank: int | None,
+    world_size: int,
+    resolve: Any,
+    traced: dict[tuple[str, str], Graph] | None = None,
+) -> ProgramPieces:
+    """The skeleton (every memoizable instance an opaque call) and each template's graph."""
+    memoized = [i for i in instances if i.memoizable]
     stage = "tracing the reference" if rank is None else f"tracing rank {rank} of {world_size}"
     with blocks.opaque_blocks(module, memoized):
         skeleton = to_graph(_export(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve)
@@ -134,8 +173,41 @@ def _pieces(
     for instance in memoized:
         if instance.template != instance.path or instance.path in templates:
             continue
-        templates[instance.path] = to_graph(_export_block(instance, stage), name, rank, world_size, resolve)
+        known = (traced or {}).get((instance.path, instance.digest))
+        if known is not None:
+            templates[instance.path] = _same_template(known, name, rank)
+            continue
+        graph = to_graph(_export_block(instance, stage), name, rank, world_size, resolve)
+        templates[instance.path] = graph
+        if traced is not None and not any(n.collective is not None and n.collective.kind == "p2p" for n in graph.nodes):
+            traced[(instance.path, instance.digest)] = graph
     return ProgramPieces(skeleton, values, instances, templates)
+
+
+_WARM = False
+
+
+def _warm_up_tracing() -> None:
+    """Import what a process's first trace imports (about 2 s of torch's modules: sympy, the
+    export machinery), before the ranks' processes fork, so that each of them does not."""
+    global _WARM
+    if _WARM:
+        return
+    with torch.device("meta"):
+        probe = nn.Linear(2, 2)
+    _export(probe, (torch.empty(1, 2, device="meta"),), "warming up the tracer")
+    _WARM = True
+
+
+def _same_template(graph: Graph, name: str, rank: int | None) -> Graph:
+    """Another rank's graph of a block instance at the same path with an equal record, as this
+    rank's: equal records are the same operations on the same literals, with collectives over the
+    same groups (blocks.py), which is what a template stands for within one program too. What a
+    graph says of its own rank beyond its record (the peer of a point-to-point call) rules the
+    graph out of being shared."""
+    shared = copy.deepcopy(graph)
+    shared.name, shared.rank = name, rank
+    return shared
 
 
 def _export_block(instance: blocks.BlockInstance, stage: str) -> torch.export.ExportedProgram:

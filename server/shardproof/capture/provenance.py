@@ -41,7 +41,8 @@ from ..relations.expr import (
     is_deterministic,
     norm_dim,
 )
-from .frames import site_from_live_stack
+from .frames import LiveSites
+from .meta_ops import leaves
 
 _DETERMINISTIC_FACTORIES = {
     "zeros",
@@ -346,6 +347,7 @@ class ProvenanceTracker(TorchDispatchMode):
         # Views share their input's storage and are read through their region on demand; the
         # site that made each view is kept so a slice points at the line that took it.
         self._view_sites: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], SourceSite | None] = {}
+        self._sites = LiveSites()
 
     # -- public API -------------------------------------------------------------------------
     def register(self, tensor: torch.Tensor, expr: Expr) -> None:
@@ -394,7 +396,7 @@ class ProvenanceTracker(TorchDispatchMode):
 
     @staticmethod
     def _tensors(value: Any) -> list[torch.Tensor]:
-        return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+        return [t for t in leaves(value) if isinstance(t, torch.Tensor)]
 
     def _new(self, tensor: torch.Tensor, expr: Expr) -> None:
         self._records[_storage_key(tensor)] = _StorageRecord(
@@ -402,7 +404,7 @@ class ProvenanceTracker(TorchDispatchMode):
         )
 
     def _site(self) -> SourceSite | None:
-        return site_from_live_stack(skip=1)
+        return self._sites.site(skip=1)
 
     def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         name = func._schema.name.split("::")[-1]
@@ -516,7 +518,7 @@ class ProvenanceTracker(TorchDispatchMode):
         site: SourceSite | None,
     ) -> Expr:
         shape, dtype = tuple(out.shape), _dtype(out)
-        tensor_args = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        tensor_args = [a for a in leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         sources = tuple(self.expr_of(t) for t in tensor_args)
         if not tensor_args:
             if name in _RANDOM:
