@@ -171,6 +171,46 @@ def test_the_same_model_without_the_mistake_is_verified_one_block_for_six(tmp_pa
     assert all(r.stats["templates"] == 1 and r.stats["block_instances"] == 6 for r in result.results)
 
 
+def test_ranks_with_equal_skeleton_records_share_one_traced_skeleton(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Outside its blocks this model does the same on every rank (no rank-dependent number), so
+    # one process traces the skeleton once for all its ranks; the graphs are those traced per rank.
+    from shardproof.capture import blocks, memoized
+    from shardproof.capture.program import CheckCapture
+
+    project = _deep_project(tmp_path, ONE_LAYER_WRONG.replace("self.index != 4", "True"), "[4]")
+    monkeypatch.setenv("SHARDPROOF_JOBS", "1")
+    traced_skeletons: list[str] = []
+    export = memoized._export
+
+    def counting(module, inputs, stage, *rest):
+        if stage.endswith("(skeleton)"):
+            traced_skeletons.append(stage)
+        return export(module, inputs, stage, *rest)
+
+    monkeypatch.setattr(memoized, "_export", counting)
+
+    def graphs() -> list:
+        ranks = memoized.capture_memoized(CheckCapture(project.check("deep"), project), 4).ranks
+        return [
+            (
+                p.skeleton.name,
+                p.skeleton.rank,
+                [(n.id, n.op, n.inputs, n.attrs, n.meta, n.collective) for n in p.skeleton.nodes],
+            )
+            for p in ranks
+        ]
+
+    shared = graphs()
+    assert len(traced_skeletons) == 2  # the reference's and rank 0's
+    record_program = blocks.record_program
+    monkeypatch.setattr(blocks, "record_program", lambda *a: blocks.ProgramRecord(record_program(*a).instances, None))
+    traced_skeletons.clear()
+    assert graphs() == shared
+    assert len(traced_skeletons) == 5  # the reference's and every rank's
+
+
 def test_a_warm_run_reuses_every_unit_and_an_edit_only_the_units_it_leaves_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sandbox
 ) -> None:
@@ -452,6 +492,40 @@ def test_ranks_captured_in_parallel_are_those_captured_one_after_another(
     in_two, in_one = ranks_here[: len(ranks_here) - 4], ranks_here[len(ranks_here) - 4 :]
     assert in_one == [0, 1, 2, 3]
     assert in_two[0] == 0 and len(in_two) < 4 and len(set(in_two)) == len(in_two)
+
+
+def test_ranks_given_the_reference_built_once_are_those_that_build_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each rank captured in a fork of its own from the reference built once (as for a large model)
+    # gives the graphs and relations of ranks that each build the reference in their own world.
+    from shardproof.capture import memoized
+    from shardproof.capture.program import CheckCapture
+
+    project = load_project(EXAMPLES / "llama")
+    check = project.check("llama-tp")
+
+    def graphs(shared: bool) -> list:
+        monkeypatch.setattr(memoized, "_WORTH_A_FORK", 0.0 if shared else float("inf"))
+        capture = CheckCapture(check, project)
+        pieces = capture_memoized_checked(capture, shared)
+        programs = [(p.skeleton, p.values) for p in pieces] + [
+            (graph, p.values) for p in pieces for graph in p.templates.values()
+        ]
+        return [
+            (graph.name, [(n.id, n.op, n.inputs, n.attrs, n.meta, n.site, n.collective) for n in graph.nodes], values)
+            for graph, values in programs
+        ]
+
+    def capture_memoized_checked(capture, shared: bool) -> list:
+        from shardproof.capture import forked
+
+        isolated: list[bool] = []
+        original = forked._in_fork
+        monkeypatch.setattr(forked, "_in_fork", lambda fn, rank: (isolated.append(True), original(fn, rank))[1])
+        ranks = memoized.capture_memoized(capture, 4).ranks
+        assert bool(isolated) == shared  # the forks were (not) used
+        return ranks
+
+    assert graphs(shared=True) == graphs(shared=False)
 
 
 def test_a_layer_reducing_with_max_among_layers_reducing_with_sum_is_not_verified(tmp_path: Path, sandbox) -> None:

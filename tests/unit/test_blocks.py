@@ -113,3 +113,49 @@ def test_an_argument_the_record_cannot_describe_is_not_memoized() -> None:
         model = Model()
     instances = blocks.record(model, (torch.zeros(2, 8, device="meta"),))
     assert not any(i.memoizable for i in instances)
+
+
+class Sharded(nn.Module):
+    """The same operations on a weight of the size its rank holds (uneven shards: 3, 3, 2 rows)."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.up = nn.Parameter(torch.empty(rows, 8, device="meta"))
+        self.down = nn.Parameter(torch.empty(8, rows, device="meta"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(x @ self.up.t()) @ self.down.t()
+
+
+def test_blocks_holding_weights_of_other_sizes_are_other_records() -> None:
+    # with no size among the operations' arguments, only the weights' shapes tell them apart: a
+    # template traced with three rows must not stand for a block holding two
+    model = nn.Sequential(Sharded(3), Sharded(3), Sharded(2))
+    instances = blocks.record(model, (torch.zeros(2, 8, device="meta"),))
+    assert [i.template for i in instances] == ["0", "0", "2"]
+
+
+def test_the_program_outside_its_blocks_has_a_record_of_its_own() -> None:
+    def skeleton(scale: float) -> str | None:
+        class Model(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.layers = nn.ModuleList([Sharded(3), Sharded(3)])
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                for layer in self.layers:
+                    x = layer(x)
+                return x * scale
+
+        return blocks.record_program(Model(), (torch.zeros(2, 8, device="meta"),)).skeleton
+
+    assert skeleton(2.0) is not None
+    assert skeleton(2.0) == skeleton(2.0)
+    assert skeleton(2.0) != skeleton(3.0)  # a number outside the blocks is part of the record
+
+
+def test_a_block_not_memoized_leaves_the_skeleton_without_a_record() -> None:
+    # its operations are the skeleton's, recorded as the block's: the record cannot vouch for them
+    with torch.device("meta"):
+        model = nn.Sequential(*(Block(i, "outside") for i in range(3)))
+    assert blocks.record_program(model, (torch.zeros(2, 8, device="meta"),)).skeleton is None

@@ -84,3 +84,34 @@ def test_what_rank_0_rules_out_stops_every_process_at_once() -> None:
     assert time.perf_counter() - start < 10
     with pytest.raises(LookupError):
         map_ranks(capture, 1, 1, check_first)
+
+
+_STATE: list[int] = []
+
+
+def _changes_what_it_was_given(rank: int) -> tuple[int, bool, int]:
+    from shardproof.capture.forked import in_own_fork
+
+    _STATE.append(rank)  # a rank's builder changing the reference it received
+    return rank, in_own_fork(), len(_STATE)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_isolated_ranks_each_start_from_the_state_the_ranks_began_with(workers: int) -> None:
+    learned: list[int] = []
+    results = map_ranks(
+        _changes_what_it_was_given, 4, workers, isolate=True, learn=lambda result: learned.append(result[0])
+    )
+    assert results == [(rank, True, 1) for rank in range(4)]  # no rank saw another's change
+    assert _STATE == []  # nor did this process
+    assert 0 in learned  # this process learned what its ranks' forks found
+
+
+def test_an_isolated_rank_s_error_is_raised_here() -> None:
+    def capture(rank: int) -> int:
+        if rank == 2:
+            raise ValueError(f"rank {rank} cannot be built")
+        return rank
+
+    with pytest.raises(ValueError, match="rank 2 cannot be built"):
+        map_ranks(capture, 4, 1, isolate=True)

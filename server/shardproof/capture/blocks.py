@@ -20,7 +20,15 @@ of another module, a global) is not memoized: its result could depend on somethi
 does not show. So is a block with forward hooks of its own, and one whose record holds an
 argument it cannot write down (an object other than a number, string, dtype, device, layout,
 memory format, process group or reduction): two such arguments could differ where the records
-look equal. A collective's process group is written as its ranks and its reduction as its kind.
+look equal. A collective's process group is written as its ranks (also when the collective names
+it by a string, which means a group only within one world) and its reduction as its kind; a
+block's own tensors are written with their shapes (ranks holding shards of other sizes run other
+computations even when no size appears among the operations' arguments).
+
+The program outside its blocks is recorded the same way (its operations, each block call with the
+block's record, and every tensor the module holds by name and shape): ranks with equal skeleton
+records trace one skeleton (capture/memoized.py). A rank-dependent number outside the blocks (a
+vocabulary-parallel embedding's bounds) makes the ranks' records differ, and they trace their own.
 
 Every instance runs. Its operations are cheap (meta_ops.py answers an operation from an earlier
 equal call), but its Python runs, and that is what makes the record a record: an instance is not
@@ -91,32 +99,50 @@ def repeated_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 class _Recorder(TorchDispatchMode):
-    """Records the operations of the innermost block being run (see the module docstring)."""
+    """Records the operations of the innermost block being run, and those of the program outside
+    every block (the skeleton's record; see the module docstring)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.frames: list[dict[str, Any]] = []
 
+    def open_program(self, module: nn.Module, inputs: tuple[Any, ...]) -> None:
+        """The outermost frame: the program's inputs, and every tensor the module holds by its
+        qualified name, shape and dtype (what export lifts)."""
+        self._push(None, module, (inputs, {}))
+
     def open(self, instance: BlockInstance, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.frames:  # the call, as the frame around the block sees it
+            outer = self.frames[-1]
+            outer["lines"].append(f"call {instance.path} {self._describe(outer, pytree.tree_leaves((args, kwargs)))}")
+        self._push(instance, instance.module, (args, kwargs))
+
+    def _push(self, instance: BlockInstance | None, module: nn.Module, arguments: Any) -> None:
         names: dict[int, str] = {}
         keep: list[Any] = []
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        flat, spec = pytree.tree_flatten(arguments)
         for position, value in enumerate(flat):
             if isinstance(value, torch.Tensor):
                 names.setdefault(id(value), f"in{position}")
                 keep.append(value)
-        for name, tensor in list(instance.module.named_parameters()) + list(instance.module.named_buffers()):
-            names.setdefault(id(tensor), f"own:{name}")
+        owned = list(module.named_parameters()) + list(module.named_buffers()) + tensor_attributes(module)
+        for name, tensor in owned:
+            # the shape is part of the name: ranks holding shards of other sizes are other records
+            names.setdefault(id(tensor), f"own:{name}:{_tensor_type(tensor)}")
             keep.append(tensor)
-        for name, value in tensor_attributes(instance.module):
-            names.setdefault(id(value), f"own:{name}")
-            keep.append(value)
         literal = [_literal(v) if not isinstance(v, torch.Tensor) else _tensor_type(v) for v in flat]
+        frame = {"instance": instance, "names": names, "keep": keep, "lines": [repr((str(spec), literal))], "count": 0}
+        frame["describable"] = True
+        self.frames.append(frame)
         if any(text is None for text in literal):
-            instance.memoizable = False  # an argument the record cannot tell apart from another
-        self.frames.append(
-            {"instance": instance, "names": names, "keep": keep, "lines": [repr((str(spec), literal))], "count": 0}
-        )
+            self._rule_out(frame)  # an argument the record cannot tell apart from another
+
+    @staticmethod
+    def _rule_out(frame: dict[str, Any]) -> None:
+        """What the frame records cannot stand for another computation with an equal record."""
+        frame["describable"] = False
+        if frame["instance"] is not None:
+            frame["instance"].memoizable = False
 
     def close(self, output: Any) -> None:
         frame = self.frames.pop()
@@ -129,6 +155,42 @@ class _Recorder(TorchDispatchMode):
         instance.output_spec = spec
         if any(not isinstance(v, torch.Tensor) for v in flat):
             instance.memoizable = False  # non-tensor results are not carried by the opaque op
+        if self.frames:  # the frame around the block names its results by the call
+            outer = self.frames[-1]
+            outer["lines"].append(f"returned {instance.path} {instance.digest} {instance.memoizable} {spec}")
+            for position, value in enumerate(v for v in flat if isinstance(v, torch.Tensor)):
+                outer["names"][id(value)] = f"call:{instance.path}:{position}"
+                outer["keep"].append(value)
+
+    def close_program(self, output: Any) -> str | None:
+        """The skeleton's record as a digest; None when it cannot stand for another program's."""
+        frame = self.frames.pop()
+        flat, spec = pytree.tree_flatten(output)
+        results = [frame["names"].get(id(v), "?") for v in flat if isinstance(v, torch.Tensor)]
+        if not frame["describable"] or any(not isinstance(v, torch.Tensor) for v in flat) or "?" in results:
+            return None
+        frame["lines"].append(f"out {results} {spec}")
+        return hashlib.sha256("\n".join(frame["lines"]).encode()).hexdigest()[:32]
+
+    def _describe(self, frame: dict[str, Any], values: list[Any], group_args: frozenset[int] = frozenset()) -> str:
+        """Tensors by where they come from, everything else as a literal (see the module docstring)."""
+        names: dict[int, str] = frame["names"]
+        described = []
+        for position, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                name = names.get(id(value))
+                if name is None:
+                    # a tensor from outside the frame: its value is not the block's to decide
+                    self._rule_out(frame)
+                    name = f"outside:{_tensor_type(value)}"
+                described.append(name)
+            else:
+                text = _group_ranks(value) if position in group_args else _literal(value)
+                if text is None:
+                    self._rule_out(frame)  # an object the record cannot describe
+                    text = type(value).__name__
+                described.append(text)
+        return repr(described)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -138,29 +200,18 @@ class _Recorder(TorchDispatchMode):
         frame = self.frames[-1]
         names: dict[int, str] = frame["names"]
         op = _op(func)
-        for position, name in op.written:
-            value = args[position] if position < len(args) else kwargs.get(name)
-            for written in meta_ops.leaves(value):
-                owner = names.get(id(written), "") if isinstance(written, torch.Tensor) else "v"
-                if not owner.startswith("v"):
-                    # writing into an input, a parameter or a buffer (a KV cache another block or the
-                    # caller may read), or into a view of one: the opaque call would hide the write
-                    frame["instance"].memoizable = False
-        described = []
-        for value in meta_ops.leaves((args, kwargs)):
-            if isinstance(value, torch.Tensor):
-                name = names.get(id(value))
-                if name is None:
-                    # a tensor from outside the block: its value is not the block's to decide
-                    frame["instance"].memoizable = False
-                    name = f"outside:{_tensor_type(value)}"
-                described.append(name)
-            else:
-                text = _literal(value)
-                if text is None:
-                    frame["instance"].memoizable = False  # an object the record cannot describe
-                    text = type(value).__name__
-                described.append(text)
+        if frame["instance"] is not None:
+            for position, name in op.written:
+                value = args[position] if position < len(args) else kwargs.get(name)
+                for written in meta_ops.leaves(value):
+                    owner = names.get(id(written), "") if isinstance(written, torch.Tensor) else "v"
+                    if not owner.startswith("v"):
+                        # writing into an input, a parameter or a buffer (a KV cache another block or
+                        # the caller may read), or into a view of one: the opaque call would hide it
+                        frame["instance"].memoizable = False
+        described = self._describe(frame, meta_ops.leaves(args), op.group_args)
+        if kwargs:  # by name: the same values under other keywords are another call
+            described += repr([(name, self._describe(frame, meta_ops.leaves(v))) for name, v in kwargs.items()])
         # a view keeps the kind of what it views (an input's view is still the input's memory)
         base = next((names.get(id(a), "") for a in args if isinstance(a, torch.Tensor)), "") if op.aliases else ""
         kind = base.split(":", 1)[0].split("~", 1)[0] if base and not base.startswith("v") else ""
@@ -179,6 +230,7 @@ class _Op:
     name: str  # how the record writes the op
     written: tuple[tuple[int, str], ...]  # (position, name) of every argument the op writes
     aliases: bool  # a result is a view of an argument
+    group_args: frozenset[int]  # positions of process groups named by a string (functional collectives)
 
 
 _OPS: dict[Any, _Op] = {}
@@ -198,7 +250,8 @@ def _op(func: Any) -> _Op:
                     if argument.alias_info is not None and argument.alias_info.is_write
                 )
             aliases = any(r.alias_info is not None for r in schema.returns)
-        op = _OPS[func] = _Op(str(func), written, aliases)
+            groups = frozenset(i for i, argument in enumerate(schema.arguments) if argument.name == "group_name")
+        op = _OPS[func] = _Op(str(func), written, aliases, groups if schema is not None else frozenset())
     return op
 
 
@@ -232,6 +285,19 @@ def _literal(value: Any) -> str | None:
     return None
 
 
+def _group_ranks(name: Any) -> str | None:
+    """A process group named by a string (functional collectives), by its ranks: a name means the
+    same group only within one process group's world, and ranks build their groups by name."""
+    if not isinstance(name, str):
+        return None
+    try:
+        from .fake_pg import group_ranks
+
+        return f"group{list(group_ranks(name))}"
+    except Exception:  # noqa: BLE001 - a group we cannot resolve is one we cannot describe
+        return None
+
+
 def _script_object(value: torch.ScriptObject) -> str | None:
     """The collectives' process group by its ranks, and their reduction by its kind: two layers
     reducing over other groups, or with another operation, are other computations."""
@@ -252,12 +318,27 @@ def _script_object(value: torch.ScriptObject) -> str | None:
     return None
 
 
+@dataclass
+class ProgramRecord:
+    instances: list[BlockInstance]
+    # the record of the program outside its blocks (its operations, the blocks it calls with their
+    # records, the tensors it holds), or None when it cannot stand for another program's: a block
+    # not memoized (its operations are the skeleton's but were recorded as the block's), a tensor
+    # from outside the module and its inputs, an argument the record cannot write down
+    skeleton: str | None
+
+
 def record(module: nn.Module, inputs: tuple[Any, ...]) -> list[BlockInstance]:
     """Run the module once eagerly (on meta inputs) and record every repeated block's computation;
     instances with equal records share the first one's path as their template."""
+    return record_program(module, inputs).instances
+
+
+def record_program(module: nn.Module, inputs: tuple[Any, ...]) -> ProgramRecord:
+    """`record`, and the record of the skeleton (see ProgramRecord)."""
     instances = [BlockInstance(path, block) for path, block in repeated_blocks(module)]
     if not instances:
-        return []
+        return ProgramRecord([], None)
     recorder = _Recorder()
     handles = []
     for instance in instances:
@@ -280,7 +361,8 @@ def record(module: nn.Module, inputs: tuple[Any, ...]) -> list[BlockInstance]:
     try:
         with torch.no_grad(), recorder, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecated collectives: the export reports them, once
-            module(*inputs)
+            recorder.open_program(module, inputs)
+            skeleton = recorder.close_program(module(*inputs))
     finally:
         for handle in handles:
             handle.remove()
@@ -290,7 +372,9 @@ def record(module: nn.Module, inputs: tuple[Any, ...]) -> list[BlockInstance]:
             instance.memoizable = False  # never ran
         own = instance.path
         instance.template = templates.setdefault(instance.digest, own) if instance.memoizable else own
-    return instances
+    if any(not instance.memoizable for instance in instances):
+        skeleton = None
+    return ProgramRecord(instances, skeleton)
 
 
 # -- the opaque block operation ---------------------------------------------------------------------

@@ -11,6 +11,11 @@ one rank after another.
 
 Children run torch with one intra-op thread: an OpenMP thread team of the parent (left by a
 numeric witness) does not survive a fork, and meta tensors need no threads.
+
+With `isolate`, every rank is captured in a fork of its own, made from the state its process had
+when the ranks began: what the processes prepared before (a reference built once for every rank)
+is the same, untouched, for each rank, whatever an earlier rank's capture changed. Inside such a
+fork `in_own_fork()` is true; a rank captured again here (its fork failed) is not in one.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ from . import environment
 T = TypeVar("T")
 
 _FAILED = object()
+_IN_OWN_FORK = False
+
+
+def in_own_fork() -> bool:
+    """Whether this process is the fork of one rank's capture (see `isolate`)."""
+    return _IN_OWN_FORK
 
 
 def map_ranks(
@@ -37,6 +48,8 @@ def map_ranks(
     check_first: Callable[[T], None] | None = None,
     announce: Callable[[int], None] | None = None,
     before_own: Callable[[], None] | None = None,
+    isolate: bool = False,
+    learn: Callable[[T], None] | None = None,
 ) -> list[T]:
     """[capture_one(rank) for rank in range(world_size)], the ranks shared among `workers`
     processes (default: one per core). `capture_one` must not change state this process relies on
@@ -46,15 +59,26 @@ def map_ranks(
     every process and is raised at once (a capture that rank 0 already shows to be of no use is
     not finished for the other ranks), as is an error of rank 0 itself or of `before_own`.
     `announce(rank)` is called before each rank this process captures (progress reports: a child
-    must not write to this process's channels)."""
+    must not write to this process's channels). `isolate`: each rank in a fork of its own (see the
+    module docstring); `learn(result)` then runs in the process that asked for each result its
+    fork delivered (what a later rank's fork should start from: graphs it may reuse)."""
     workers = min(workers or default_workers(), world_size)
     check = check_first or (lambda _result: None)
     say = announce or (lambda _rank: None)
     prepare = before_own or (lambda: None)
 
+    def captured(rank: int) -> T:
+        if isolate:
+            result = _in_fork(capture_one, rank)
+            if result is not _FAILED:
+                if learn is not None:
+                    learn(result)  # type: ignore[arg-type]
+                return result  # type: ignore[return-value]
+        return capture_one(rank)  # not in a fork of its own: `in_own_fork()` is false
+
     def here(rank: int) -> T:
         say(rank)
-        return capture_one(rank)
+        return captured(rank)
 
     if workers <= 1 or not hasattr(os, "fork"):
         prepare()
@@ -73,7 +97,7 @@ def map_ranks(
             pid = os.fork()
             if pid == 0:  # the child: never returns
                 os.close(read_end)
-                _serve_child(capture_one, queue, write_end)
+                _serve_child(captured, queue, write_end)
             os.close(write_end)
             children.append((pid, read_end))
         results: dict[int, object] = {}
@@ -125,6 +149,68 @@ class _RankQueue:
                 return None
             self._next.value = rank + 1
         return rank
+
+
+def _in_fork(capture_one: Callable[[int], T], rank: int) -> T | object:
+    """capture_one(rank) in a fork of this process; its error is raised here when it pickles.
+    _FAILED when the fork could not deliver (it died, its result does not pickle)."""
+    global _IN_OWN_FORK
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the rank's fork: never returns
+        os.close(read_end)
+        code = 0
+        try:
+            from ..worker import stacks
+
+            stacks.register()
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.set_num_threads(1)  # the parent's OpenMP team does not survive the fork
+            _IN_OWN_FORK = True
+            try:
+                outcome: tuple[str, object] = ("result", capture_one(rank))
+            except Exception as exc:  # noqa: BLE001 - raised again in the process that asked
+                outcome = ("error", exc)
+            try:
+                payload = pickle.dumps((outcome, environment.names_read()), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - the process that asked captures the rank itself
+                payload = b""
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(payload)
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+        except BaseException:  # noqa: BLE001 - whatever happens, the fork must not return
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    delivered = False
+    try:
+        chunks: list[bytes] = []
+        with os.fdopen(read_end, "rb") as pipe:
+            while chunk := pipe.read(1 << 20):
+                chunks.append(chunk)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        delivered = True
+    finally:
+        if not delivered:  # interrupted here: the fork must not outlive the question
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+    try:
+        (kind, value), names = pickle.loads(b"".join(chunks))
+    except Exception:  # noqa: BLE001 - an empty or truncated answer
+        return _FAILED
+    environment.add_names(names)
+    if kind == "error":
+        raise value  # type: ignore[misc]
+    return value
 
 
 def _serve_child(capture_one: Callable[[int], object], queue: _RankQueue, write_end: int) -> None:

@@ -24,9 +24,18 @@ from ..graph.model import Graph
 from ..relations.expr import Expr
 from . import blocks, dtensor
 from .fake_pg import fake_rank, group_ranks
-from .forked import map_ranks
+from .forked import in_own_fork, map_ranks
+from .libraries import library_shims
 from .normalize import to_graph
-from .program import CheckCapture, _build_reference, _export, _to_meta, import_roots
+from .program import (
+    _NOT_BUILT,
+    CheckCapture,
+    _build_reference,
+    _export,
+    _to_meta,
+    build_reference_for_ranks,
+    import_roots,
+)
 from .provenance import ProvenanceTracker
 
 
@@ -38,12 +47,13 @@ class ProgramPieces:
     values: dict[str, Expr]
     instances: list[blocks.BlockInstance]
     templates: dict[str, Graph] = field(default_factory=dict)  # template path -> its graph
+    skeleton_record: str | None = None  # the skeleton's record (blocks.ProgramRecord.skeleton)
 
     def without_modules(self) -> ProgramPieces:
         """The pieces with only what verification reads of the block instances (paths and
         templates, not their modules and meta arguments): what a forked capture sends back."""
         instances = [replace(i, module=None, args=(), kwargs={}, output_spec=None) for i in self.instances]
-        return ProgramPieces(self.skeleton, self.values, instances, self.templates)
+        return ProgramPieces(self.skeleton, self.values, instances, self.templates, self.skeleton_record)
 
 
 @dataclass
@@ -89,16 +99,25 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
 
         def trace_reference() -> None:
             if pending is not None:
-                module, reference_values, instances, meta_inputs = pending
-                reference = _traced(module, reference_values, instances, meta_inputs, "reference", None, 1, None)
+                module, reference_values, recorded, meta_inputs = pending
+                reference = _traced(module, reference_values, recorded, meta_inputs, "reference", None, 1, None)
                 capture.memoized_reference = (reference, meta_inputs)
 
         meta_inputs = pending[3] if pending is not None else capture.memoized_reference[1]
         traced: dict[tuple[str, str], Graph] = {}  # templates this process traced, for its later ranks
+        if capture.rank_reference is _NOT_BUILT:
+            # the reference every rank's builder receives, built once (None: each rank builds its own)
+            with library_shims():
+                capture.rank_reference = build_reference_for_ranks(capture.build_reference)
+        shared = capture.rank_reference
+        # a fork per rank costs ~0.07 s (a process of torch's size): worth it for a large model only
+        isolate = shared is not None and shared.seconds >= _WORTH_A_FORK
 
         def capture_rank(rank: int) -> ProgramPieces:
             with fake_rank(rank, world_size):
-                built = capture.build_rank(rank, world_size)
+                # in a fork of its own, a rank may change the shared reference: no other rank sees it
+                prebuilt = shared if in_own_fork() else None
+                built = capture.build_rank(rank, world_size, prebuilt=prebuilt)
                 parallel, values = built.module, built.values
                 if dtensor.uses_dtensor(parallel):
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
@@ -116,6 +135,8 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
             check_first=check_first,
             announce=lambda rank: capture.progress(f"capturing rank {rank} of {world_size}, each distinct layer once"),
             before_own=trace_reference,
+            isolate=isolate,
+            learn=lambda pieces: _remember(pieces, traced),
         )
     reference = capture.memoized_reference[0]
     units = _units(reference, ranks)
@@ -137,26 +158,26 @@ def _pieces(
 ) -> ProgramPieces:
     """One program cut at its blocks. `traced`: template graphs of other ranks of this world size,
     by instance path and record (see `_same_template`), reused where they stand for this rank's."""
-    instances = _recorded(module, meta_inputs)
-    return _traced(module, values, instances, meta_inputs, name, rank, world_size, resolve, traced)
+    recorded = _recorded(module, meta_inputs)
+    return _traced(module, values, recorded, meta_inputs, name, rank, world_size, resolve, traced)
 
 
-def _recorded(module: nn.Module, meta_inputs: tuple[Any, ...]) -> list[blocks.BlockInstance]:
+def _recorded(module: nn.Module, meta_inputs: tuple[Any, ...]) -> blocks.ProgramRecord:
     """The program's block instances, recorded; NotMemoizable when no block repeats."""
     try:
-        instances = blocks.record(module, meta_inputs)
+        recorded = blocks.record_program(module, meta_inputs)
     except Exception as exc:  # noqa: BLE001 - the plain capture reports user errors at their line
         raise NotMemoizable(f"the eager run on meta tensors failed ({type(exc).__name__})") from None
-    memoized = [i for i in instances if i.memoizable]
+    memoized = [i for i in recorded.instances if i.memoizable]
     if not memoized or len({i.template for i in memoized}) == len(memoized):
         raise NotMemoizable("no block repeats")
-    return instances
+    return recorded
 
 
 def _traced(
     module: nn.Module,
     values: dict[str, Expr],
-    instances: list[blocks.BlockInstance],
+    recorded: blocks.ProgramRecord,
     meta_inputs: tuple[Any, ...],
     name: str,
     rank: int | None,
@@ -164,11 +185,21 @@ def _traced(
     resolve: Any,
     traced: dict[tuple[str, str], Graph] | None = None,
 ) -> ProgramPieces:
-    """The skeleton (every memoizable instance an opaque call) and each template's graph."""
+    """The skeleton (every memoizable instance an opaque call) and each template's graph. A
+    skeleton another rank of this process traced with an equal record is reused (`_same_template`:
+    equal records are the same operations, the same block calls and the same tensors held)."""
+    instances = recorded.instances
     memoized = [i for i in instances if i.memoizable]
     stage = "tracing the reference" if rank is None else f"tracing rank {rank} of {world_size}"
-    with blocks.opaque_blocks(module, memoized):
-        skeleton = to_graph(_export(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve)
+    skeleton_key = (_SKELETON, recorded.skeleton or "")
+    known_skeleton = (traced or {}).get(skeleton_key) if recorded.skeleton is not None else None
+    if known_skeleton is not None:
+        skeleton = _same_template(known_skeleton, name, rank)
+    else:
+        with blocks.opaque_blocks(module, memoized):
+            skeleton = to_graph(_export(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve)
+        if traced is not None and recorded.skeleton is not None and not _names_own_rank(skeleton):
+            traced[skeleton_key] = skeleton
     templates: dict[str, Graph] = {}
     for instance in memoized:
         if instance.template != instance.path or instance.path in templates:
@@ -179,9 +210,30 @@ def _traced(
             continue
         graph = to_graph(_export_block(instance, stage), name, rank, world_size, resolve)
         templates[instance.path] = graph
-        if traced is not None and not any(n.collective is not None and n.collective.kind == "p2p" for n in graph.nodes):
+        if traced is not None and not _names_own_rank(graph):
             traced[(instance.path, instance.digest)] = graph
-    return ProgramPieces(skeleton, values, instances, templates)
+    return ProgramPieces(skeleton, values, instances, templates, recorded.skeleton)
+
+
+def _remember(pieces: ProgramPieces, traced: dict[tuple[str, str], Graph]) -> None:
+    """Keep the graphs a rank traced in a fork of its own for the ranks forked after it, as if it
+    had been captured in this process (see `_traced`)."""
+    for instance in pieces.instances:
+        graph = pieces.templates.get(instance.path)
+        own_template = instance.memoizable and instance.template == instance.path
+        if own_template and graph is not None and not _names_own_rank(graph):
+            traced.setdefault((instance.path, instance.digest), graph)
+    if pieces.skeleton_record is not None and not _names_own_rank(pieces.skeleton):
+        traced.setdefault((_SKELETON, pieces.skeleton_record), pieces.skeleton)
+
+
+_WORTH_A_FORK = 0.15  # seconds of building the reference that make a fork per rank pay
+_SKELETON = "<skeleton>"  # the key of a skeleton among the traced graphs (no block path is empty-bracketed)
+
+
+def _names_own_rank(graph: Graph) -> bool:
+    """A graph that says more of its rank than its record: the peer of a point-to-point call."""
+    return any(n.collective is not None and n.collective.kind == "p2p" for n in graph.nodes)
 
 
 _WARM = False
@@ -231,28 +283,56 @@ def _within(values: dict[str, Expr], path: str) -> dict[str, Expr]:
     return {"block." + name[len(prefix) :]: expr for name, expr in values.items() if name.startswith(prefix)}
 
 
-def _form(values: dict[str, Expr], path: str) -> str:
-    """The relations of an instance's parameters with its own path written `#`: equal forms mean
-    the instance relates to the reference's the way its template does."""
-    prefix = re.escape(path + ".")
-    own = sorted(_within(values, path).items())
-    return "\n".join(f"{name}={re.sub(prefix, '#.', repr(expr))}" for name, expr in own)
+class _Forms:
+    """The relations of each instance's parameters with its own path written `#`: equal forms mean
+    the instance relates to the reference's the way its template does. Computed once per program
+    for the instances asked about (values grouped by instance path in one pass over them)."""
+
+    def __init__(self, values: dict[str, Expr], paths: set[str]) -> None:
+        self._values = values
+        self._paths = paths
+        self._grouped: dict[str, list[tuple[str, Expr]]] | None = None
+        self._forms: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        form = self._forms.get(path)
+        if form is None:
+            own = sorted(("block." + name[len(path) + 1 :], expr) for name, expr in self._group().get(path, []))
+            prefix = re.compile(re.escape(path + "."))
+            form = self._forms[path] = "\n".join(f"{name}={prefix.sub('#.', repr(expr))}" for name, expr in own)
+        return form
+
+    def _group(self) -> dict[str, list[tuple[str, Expr]]]:
+        if self._grouped is None:
+            grouped: dict[str, list[tuple[str, Expr]]] = {}
+            for name, expr in self._values.items():
+                # every instance path this name lies under (a block of a block: both)
+                parts = name.split(".")
+                for end in range(1, len(parts)):
+                    path = ".".join(parts[:end])
+                    if path in self._paths:
+                        grouped.setdefault(path, []).append((name, expr))
+            self._grouped = grouped
+        return self._grouped
 
 
 def _units(reference: ProgramPieces, ranks: list[ProgramPieces]) -> list[TemplateUnit]:
     units: dict[str, TemplateUnit] = {}
     by_path = [{i.path: i for i in program.instances} for program in ranks]
+    paths = {i.path for i in reference.instances} | {i.template for i in reference.instances}
+    reference_form = _Forms(reference.values, paths)
+    rank_forms = [_Forms(program.values, paths) for program in ranks]
     for instance in reference.instances:
         if not instance.memoizable:
             continue
-        if _form(reference.values, instance.path) != _form(reference.values, instance.template):
+        if reference_form(instance.path) != reference_form(instance.template):
             # e.g. a buffer whose value differs per layer: the template's proof used its own
             raise NotMemoizable(f"the reference's {instance.path} differs from {instance.template} in its values")
-        for program, instances in zip(ranks, by_path, strict=True):
+        for program, instances, form in zip(ranks, by_path, rank_forms, strict=True):
             own = instances.get(instance.path)
             if own is None or not own.memoizable or own.template != instance.template:
                 raise NotMemoizable(f"block {instance.path} is not the same computation on {program.skeleton.name}")
-            if _form(program.values, instance.path) != _form(program.values, instance.template):
+            if form(instance.path) != form(instance.template):
                 raise NotMemoizable(f"the parameters of {instance.path} relate differently on {program.skeleton.name}")
         template = instance.template
         expected = _input_metas(reference.templates[template])

@@ -250,6 +250,62 @@ def _build_reference(build: Callable[[], Any], tracker: ProvenanceTracker) -> tu
     return module, values
 
 
+_NOT_BUILT = object()
+
+
+@dataclass
+class PrebuiltReference:
+    """The reference as a rank's builder receives it, built once for every rank: the module, its
+    parameters' values and the tracker that knows how its tensors were made."""
+
+    module: nn.Module
+    values: dict[str, Expr]
+    tracker: ProvenanceTracker
+    seconds: float  # how long the build took (what a rank saves by receiving it)
+
+
+def build_reference_for_ranks(build: Callable[[], Any]) -> PrebuiltReference | None:
+    """The reference built once, outside any process group, for every rank to receive; None when
+    the build asks about the distributed world (its rank, its size, whether a process group
+    exists, a library's parallel state: each rank must then build its own, in its own world).
+
+    What a rank receives must be what its builder would have built in its own world: a builder
+    that reads nothing of that world builds the same module in every world, and every question
+    about it either raises here (no process group exists) or is `is_initialized`, which is
+    watched. Errors are not reported from here: the rank's own build reports them."""
+    import torch.distributed as dist
+
+    asked: list[str] = []
+    watched = {"is_initialized": dist.is_initialized}  # (`is_available` is a fact of the build of torch)
+
+    def watching(name: str, original: Callable[[], bool]) -> Callable[[], bool]:
+        def watched_call() -> bool:
+            asked.append(name)
+            return original()
+
+        return watched_call
+
+    if dist.is_initialized():
+        return None
+    modules = [dist, dist.distributed_c10d]
+    saved = [(m, name, getattr(m, name)) for m in modules for name in watched if hasattr(m, name)]
+    try:
+        for module, name, original in saved:
+            setattr(module, name, watching(name, original))
+        tracker = ProvenanceTracker()
+        start = time.perf_counter()
+        try:
+            module_built, values = _build_reference(build, tracker)
+        except Exception:  # noqa: BLE001 - each rank builds its own and reports what fails there
+            return None
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+    if asked:
+        return None
+    return PrebuiltReference(module_built, values, tracker, time.perf_counter() - start)
+
+
 def attributes_as_buffers(module: nn.Module) -> None:
     """Register every tensor kept as a plain attribute as a non-persistent buffer, under the same
     name. Export lifts such tensors as constants and refuses a forward that writes them (the KV
@@ -496,6 +552,7 @@ class CheckCapture:
         self.reference_error: dict[str, Any] | None = None  # why the reference could not be captured
         self.other_sources: set[str] = set()  # files of graphs captured outside `captured` (memoized)
         self.memoized_reference: Any = None  # the reference cut at its blocks (capture/memoized.py)
+        self.rank_reference: Any = _NOT_BUILT  # the reference each rank receives, built once (memoized.py)
         self.captured: list[CaptureResult] = []  # every world size captured so far (for dependencies)
         with import_roots(project.python_path):
             forget_project_modules(project)
@@ -652,12 +709,19 @@ class CheckCapture:
         graph.gradient_gaps = gaps
         return graph
 
-    def build_rank(self, rank: int, world_size: int, same_code_values: dict[str, Expr] | None = None) -> BuiltRank:
+    def build_rank(
+        self,
+        rank: int,
+        world_size: int,
+        same_code_values: dict[str, Expr] | None = None,
+        prebuilt: PrebuiltReference | None = None,
+    ) -> BuiltRank:
         """Build rank `rank` (inside its `fake_rank` context): the module in eval mode, its
         parameters' relations to the reference, the plan styles applied while building and the
         reference modules it holds. `same_code_values`: the one-rank reference's values, for the
-        same-code pattern."""
-        tracker = ProvenanceTracker()
+        same-code pattern. `prebuilt`: the reference this rank's builder receives, already built
+        (see `PrebuiltReference`); it is the rank's to change."""
+        tracker = prebuilt.tracker if prebuilt is not None else ProvenanceTracker()
         stage = f"building rank {rank} of {world_size}"
         applied_styles: list[dtensor.AppliedStyle] = []
         held: list[ModulePlacement] = []
@@ -667,7 +731,10 @@ class CheckCapture:
             module = _build_module(self.build_parallel, stage, tracker)
             distributed: dict[int, tuple[object, Expr]] = {}
         else:
-            reference_module, reference_values = _build_reference(self.build_reference, tracker)
+            if prebuilt is not None:
+                reference_module, reference_values = prebuilt.module, prebuilt.values
+            else:
+                reference_module, reference_values = _build_reference(self.build_reference, tracker)
             with (
                 dtensor.recording_plan_entries() as applied_styles,
                 dtensor.recording_distributed_sources(tracker.expr_of) as distributed,
