@@ -52,8 +52,9 @@ def inputs():
 
 
 class HeadParallel(nn.Module):
-    def __init__(self, ref, rank, world_size, scale_from):
+    def __init__(self, ref, rank, world_size, scale_from, scale_at="scores"):
         super().__init__()
+        self.scale_at = scale_at
         width = DIM // world_size
         rows = slice(rank * width, (rank + 1) * width)
         self.q_w = nn.Parameter(ref.q.weight[rows].clone())
@@ -69,7 +70,10 @@ class HeadParallel(nn.Module):
         q = F.linear(x, self.q_w).view(b, s, self.heads, -1).transpose(1, 2)
         k = F.linear(x, self.k_w).view(b, s, self.heads, -1).transpose(1, 2)
         v = F.linear(x, self.v_w).view(b, s, self.heads, -1).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * self.scale
+        if self.scale_at == "queries":
+            scores = (q * self.scale) @ k.transpose(-2, -1)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * self.scale
         y = F.linear((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, -1), self.o_w)
         dist.all_reduce(y)
         return y
@@ -81,6 +85,14 @@ def head_width(ref, rank, world_size):
 
 def local_width(ref, rank, world_size):
     return HeadParallel(ref, rank, world_size, "local width")
+
+
+def head_width_on_queries(ref, rank, world_size):
+    return HeadParallel(ref, rank, world_size, "head width", "queries")
+
+
+def local_width_on_queries(ref, rank, world_size):
+    return HeadParallel(ref, rank, world_size, "local width", "queries")
 """
 
 
@@ -91,7 +103,7 @@ def project(tmp_path_factory) -> Path:
     checks = "".join(
         f'[[tool.shardproof.check]]\nname = "{name}"\nreference = "attention:build"\n'
         f'parallel = "attention:{name}"\ninputs = "attention:inputs"\nworld-sizes = [2]\noutputs = "replicated"\n\n'
-        for name in ("head_width", "local_width")
+        for name in ("head_width", "local_width", "head_width_on_queries", "local_width_on_queries")
     )
     (root / "pyproject.toml").write_text(f'[tool.shardproof]\npython-path = ["."]\n\n{checks}')
     return root
@@ -120,3 +132,20 @@ def test_a_scale_from_the_local_width_is_reported_at_its_assignment(project: Pat
     assert source[line - 1][found.primary.column - 1 : found.primary.end_column - 1] == "1 / math.sqrt(head_dim)"
     (uses,) = found.related
     assert "scores = " in source[uses.line - 1]
+
+
+def test_the_scale_on_the_queries_before_the_scores_is_verified(project: Path, sandbox) -> None:
+    # (q * c) @ k^T is (q @ k^T) * c: the reference scales the scores
+    outcome = _outcome(project, "head_width_on_queries", sandbox)
+    assert outcome.verdict == "verified", outcome.summary
+
+
+def test_a_wrong_scale_on_the_queries_is_a_discrepancy(project: Path, sandbox) -> None:
+    # Found, but not yet at the assignment: the scale moved onto the scores exists only in the
+    # e-graph, and the wrong-constant detector reads the rank's graph (the report lands on the
+    # product of the scaled queries and the keys).
+    outcome = _outcome(project, "local_width_on_queries", sandbox)
+    assert outcome.verdict == "discrepancy", outcome.summary
+    (found,) = outcome.discrepancies
+    assert Path(found.primary.file).name == "attention.py"
+    assert found.witness is None or found.witness.get("status") != "agree"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import random
 import zlib
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..verify import layout_facts
+from ..verify import layout_facts, scalars
 from ..verify.rules import Rule, all_rules, casts_are_linear, fact_text
 from . import meaning
 from .meaning import MultiSet, Unbound, Undefined, same
@@ -395,6 +396,13 @@ class Instance:
             )
         if name == "evaluated":
             return meaning.is_plain(args[0])
+        if name in ("scprod", "scprodrecip"):
+            # a front-end fact: the product of two factors (the encoder's, of their unrounded values),
+            # true to the significant digits the verifier keeps of any number (scalars.py)
+            first, then, product = args
+            value = float(product) if name == "scprod" else 1.0 / int(product)
+            return math.isclose(float(first) * float(then), value, rel_tol=10.0 ** (2 - scalars.SIGNIFICANT_DIGITS))
+
         if name == "frac":
             big, small, p, q = args
             return q != 0 and same(small, big * p / q)

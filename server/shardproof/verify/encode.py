@@ -24,10 +24,12 @@ from .layout_facts import broadcast_facts, composition_facts, expand_facts, perm
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
 from .permutations import Permutations
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
-from .scalars import fill_value, scalar_term, scaled_term
+from .scalars import fill_value, float_factor, product_fact, scalar_term, scaled_term
 from .sum_forms import SumForms
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
+_MOST_FACTORS = 24  # float factors whose products are stated (pairs grow quadratically)
+
 # ops whose dim maps are facts about their term's e-class (layout_facts.py): a value of one is
 # never stated equal to a value made another way (one class, two sources, mixed dim maps)
 _MOVEMENT_WITH_DIM_FACTS = ("view", "permute", "expand")
@@ -83,6 +85,7 @@ class Encoder:
         self.sums = SumForms()  # chains of additions as multisets of their terms (sum_forms.py)
         self._graph_nodes: dict[str, dict[str, Node]] = {}  # graph name -> its nodes by id
         self._permutations_stated: set[tuple[int, ...]] = set()
+        self._factors: dict[str, float] = {}  # the float factors of scalings, by their term (rules_scalars.py)
         # permutations of permutations and of repeats, stated as one (permutations.py)
         self.permutations = Permutations(self._permuted_term, self.commands.append)
 
@@ -316,6 +319,9 @@ class Encoder:
             self.let(name, f"(Un {_q(fn)} {ins[0]})", meta)
         elif op == "scalar":
             self.let(name, scalar_term(a["fn"], ins[0], a["value"]), meta)
+            factor = float_factor(a["fn"], a["value"])
+            if factor is not None and len(self._factors) < _MOST_FACTORS:
+                self._factors.setdefault(scalar_term("mul", "x", factor), factor)
         elif op == "binary":
             self.let(name, f"(Bin {_q(a['fn'])} {ins[0]} {ins[1]})", meta)
             if a["fn"] == "add" and own_inputs and not self.factor_out and all(i in self.meta_of for i in ins):
@@ -648,10 +654,18 @@ class Encoder:
                 facts.extend(found)
         return facts
 
+    def _product_facts(self) -> list[str]:
+        """Scaling by a then by b is scaling by a * b, for every two float factors of the programs
+        (a value scaled twice once the scalings of its operands are moved to it: rules_scalars.py)."""
+        factors = list(self._factors.values())
+        facts = (product_fact(first, then) for first in factors for then in factors)
+        return [fact for fact in facts if fact is not None]
+
     def finish(self) -> EncodedUnit:
         from .rules import casts_are_linear
 
         self.commands.extend(self._composition_facts())
+        self.commands.extend(self._product_facts())
         self.commands.append(casts_are_linear(self.dtypes))
         self.commands.extend(self.sums.chain_facts())
         factors = {key: factor for key, (_, factor) in self.scaled.items()}

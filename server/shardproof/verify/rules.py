@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "19"
+RULE_LIBRARY_VERSION = "20"
 
 
 @dataclass(frozen=True)
@@ -594,6 +594,8 @@ _FACTS = r"""
 (relation additive-reduction (String))
 (relation unit-reduction (String))
 (relation negation (String))
+(relation scprod (String String String))
+(relation scprodrecip (String String i64))
 (negation "bitwise_not") (negation "logical_not")
 (linear-unary "neg")
 (scaling "mul") (scaling "div") (scaling "rmul")
@@ -611,9 +613,15 @@ def all_rules() -> tuple[Rule, ...]:
     from .rules_permutations import PERMUTATION_RULES
     from .rules_ranges import RANGE_RULES
     from .rules_reductions import REDUCTION_RULES
+    from .rules_scalars import SCALAR_RULES
 
     return (
-        tuple(RANGE_RULES) + tuple(_RULES) + tuple(PERMUTATION_RULES) + tuple(REDUCTION_RULES) + tuple(INDEX_SET_RULES)
+        tuple(RANGE_RULES)
+        + tuple(_RULES)
+        + tuple(PERMUTATION_RULES)
+        + tuple(REDUCTION_RULES)
+        + tuple(INDEX_SET_RULES)
+        + tuple(SCALAR_RULES)
     )
 
 

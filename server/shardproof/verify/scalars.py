@@ -60,3 +60,30 @@ def scaled_term(term: str, factor: Fraction) -> str:
     if factor.numerator != 1:
         term = f'(ScI "mul" {term} {factor.numerator})'
     return term
+
+
+def float_factor(fn: str, value: Any) -> float | None:
+    """The multiplier of `operand <fn> value` when `scalar_term` writes it `(Sc "mul" ...)` (a
+    float factor that is not the reciprocal of an integer), else None."""
+    if fn not in ("mul", "div") or isinstance(value, bool) or not isinstance(value, int | float) or value == 0:
+        return None
+    if not scalar_term(fn, "x", value).startswith('(Sc "mul" x '):
+        return None
+    return float(value) if fn == "mul" else 1.0 / float(value)
+
+
+def factor_text(factor: float) -> str:
+    """How a `(Sc "mul" x c)` term writes its factor c."""
+    return repr(_rounded(factor))
+
+
+def product_fact(first: float, then: float) -> str | None:
+    """The fact that scaling by `first` then by `then` is scaling by their product, in the form
+    the product's own term takes: `(scprod a b c)` for `(Sc "mul" x c)`, `(scprodrecip a b n)` for
+    `(ScI "div" x n)` (a product that is exactly 1/n); None for any other form."""
+    product = scalar_term("mul", "x", first * then)
+    a, b = _q(factor_text(first)), _q(factor_text(then))
+    for form, relation in (('(Sc "mul" x ', "scprod"), ('(ScI "div" x ', "scprodrecip")):
+        if product.startswith(form):
+            return f"({relation} {a} {b} {product[len(form) : -1]})"
+    return None

@@ -106,6 +106,49 @@ def sdpa_heads(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return SdpaHeads(ref, rank, world_size)
 
 
+class ScaledOperandHeads(nn.Module):
+    """Heads split over ranks (a block of rows of each part of the fused QKV weight), the attention
+    scale applied where other code bases put it: on the queries before the scores (BART, many
+    decoders: `q = q * scale`), on the transposed keys (`q @ (k^T / sqrt(d))`), or half of it on
+    each (Whisper: queries and keys times `d ** -0.25`)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int, where: str) -> None:
+        super().__init__()
+        per = HIDDEN // world_size
+        parts = ref.qkv.weight.chunk(3)
+        self.qkv = nn.Parameter(torch.cat([part[rank * per : (rank + 1) * per] for part in parts]).clone())
+        self.out = _block(ref.out.weight, 1, rank * per, per)
+        self.where = where
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, -1, HEAD_DIM).transpose(1, 2) for t in F.linear(x, self.qkv).chunk(3, dim=-1))
+        if self.where == "queries":
+            scores = (q * HEAD_DIM**-0.5) @ k.transpose(-2, -1)
+        elif self.where == "keys":
+            scores = q @ (k.transpose(-2, -1) / math.sqrt(HEAD_DIM))
+        else:
+            half = HEAD_DIM**-0.25
+            scores = (q * half) @ (k * half).transpose(-2, -1)
+        future = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
+        out = scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v
+        out = F.linear(out.transpose(1, 2).reshape(b, s, -1), self.out)
+        dist.all_reduce(out)
+        return out
+
+
+def queries_scaled_first(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ScaledOperandHeads(ref, rank, world_size, "queries")
+
+
+def keys_scaled_first(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ScaledOperandHeads(ref, rank, world_size, "keys")
+
+
+def both_scaled_by_a_root(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ScaledOperandHeads(ref, rank, world_size, "both")
+
+
 class SequenceShardedMean(nn.Module):
     """Each rank sums its block of positions; the sums all-reduced are divided by the whole
     sequence's length (the input's, which every rank holds)."""

@@ -1,0 +1,85 @@
+"""Rules about scaling by a constant (family `normalization`, shapes in `shapes`): a scaling
+commutes with the linear maps it passes through, and two scalings are one.
+
+Attention is written with its scale in many places: on the scores (`q @ k^T * scale`, what
+`scaled_dot_product_attention` documents), on the queries first (`q = q * scale`, then
+`q @ k^T`), on the transposed keys (`q @ (k^T / sqrt(d))`), or a square root of it on both (the
+queries and the keys times `d ** -0.25`). They are one function, by two laws of real arithmetic:
+a matrix product, a linear map and a permutation are linear in each operand, so a scaled operand
+gives the scaled result; and scaling by a then by b is scaling by a * b. The products of the
+float factors a program uses are facts the encoder states (`scprod`, `scprodrecip`: scalars.py
+writes the product as its own term would be written), integer factors multiply in egglog.
+"""
+
+from __future__ import annotations
+
+from .rules import Rule, registrar
+
+SCALAR_RULES: list[Rule] = []
+
+_rule = registrar(SCALAR_RULES)
+
+for _term in ("Sc", "ScI"):
+    _kind = "float" if _term == "Sc" else "integer"
+    _rule(
+        f"scaled-left-operand-of-matmul-{_kind}",
+        "normalization",
+        "(A * c) @ B = (A @ B) * c: a matrix product is linear in its left operand (queries scaled before the scores)",
+        f"(rule ((= y (Matmul ({_term} f A c) B)) (scaling f)) ((union y ({_term} f (Matmul A B) c))))",
+    )
+    _rule(
+        f"scaled-right-operand-of-matmul-{_kind}",
+        "normalization",
+        "A @ (B * c) = (A @ B) * c: a matrix product is linear in its right operand (keys scaled before the scores)",
+        f"(rule ((= y (Matmul A ({_term} f B c))) (scaling f)) ((union y ({_term} f (Matmul A B) c))))",
+    )
+    _rule(
+        f"scaled-input-of-linear-{_kind}",
+        "normalization",
+        "linear(x * c, W) = linear(x, W) * c (no bias: the map is linear)",
+        f"(rule ((= y (Linear ({_term} f X c) W)) (scaling f)) ((union y ({_term} f (Linear X W) c))))",
+    )
+    _rule(
+        f"permute-of-scaled-{_kind}",
+        "normalization",
+        "(A op c).permute(p) = A.permute(p) op c for any elementwise op with a constant: a permutation moves "
+        "the entries",
+        f"(rewrite (Permute ({_term} f A c) p) ({_term} f (Permute A p) c))",
+    )
+    _rule(
+        f"shape-of-scaled-{_kind}",
+        "shapes",
+        "a scaling keeps the shape (of the scaled value made by a rule, from its result's)",
+        f"(rule ((= y ({_term} f x c)) (= n (sz y d))) ((set (sz x d) n)))",
+    )
+    _rule(
+        f"rank-of-scaled-{_kind}",
+        "shapes",
+        "a scaling keeps the number of dims",
+        f"(rule ((= y ({_term} f x c)) (= n (nd y))) ((set (nd x) n)))",
+    )
+
+_rule(
+    "scaling-of-scaling",
+    "normalization",
+    "(X * a) * b = X * c with c = a * b (as the product's own term writes it: the encoder's scprod facts)",
+    '(rule ((= y (Sc "mul" (Sc "mul" X a) b)) (scprod a b c)) ((union y (Sc "mul" X c))))',
+)
+_rule(
+    "scaling-of-scaling-reciprocal",
+    "normalization",
+    "(X * a) * b = X / n when a * b is 1 / n (the encoder's scprodrecip facts)",
+    '(rule ((= y (Sc "mul" (Sc "mul" X a) b)) (scprodrecip a b n)) ((union y (ScI "div" X n))))',
+)
+_rule(
+    "division-of-division",
+    "normalization",
+    "(X / a) / b = X / (a * b) for integers a, b",
+    '(rule ((= y (ScI "div" (ScI "div" X a) b))) ((union y (ScI "div" X (* a b)))))',
+)
+_rule(
+    "multiple-of-multiple",
+    "normalization",
+    "(X * a) * b = X * (a * b) for integers a, b",
+    '(rule ((= y (ScI "mul" (ScI "mul" X a) b))) ((union y (ScI "mul" X (* a b)))))',
+)
