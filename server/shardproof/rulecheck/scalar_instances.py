@@ -36,7 +36,7 @@ for _term in ("Sc", "ScI"):
             a, b = g.tensor(*batch, m, k), g.tensor(*batch, k, n)
             return {"A": a, "B": b, "f": g.pick(ops), "c": _factor(g, integer)}
 
-        @_register(f"scaled-input-of-linear-{_kind}")
+        @_register(f"scaled-input-of-linear-{_kind}", f"scaled-weight-of-linear-{_kind}")
         def _(g: Gen, integer: bool = _integer, ops: tuple[str, ...] = _ops) -> dict[str, Any]:
             k = g.int(2, 5)
             x = g.tensor(*_shape(g, g.int(1, 3)), k)

@@ -40,6 +40,13 @@ for _term in ("Sc", "ScI"):
         f"(rule ((= y (Linear ({_term} f X c) W)) (scaling f)) ((union y ({_term} f (Linear X W) c))))",
     )
     _rule(
+        f"scaled-weight-of-linear-{_kind}",
+        "normalization",
+        "linear(x, W * c) = linear(x, W) * c: a linear map is linear in its weight too (a scaled weight, LoRA's "
+        "scaling)",
+        f"(rule ((= y (Linear X ({_term} f W c))) (scaling f)) ((union y ({_term} f (Linear X W) c))))",
+    )
+    _rule(
         f"permute-of-scaled-{_kind}",
         "normalization",
         "(A op c).permute(p) = A.permute(p) op c for any elementwise op with a constant: a permutation moves "
