@@ -76,10 +76,14 @@ def _attention(
     docstring): the scores `query @ key^T * scale` (scale 1 / sqrt(head dim) by default), the
     positions after each query's own masked with -inf when causal, a softmax over the keys, the
     product with the values. Grouped keys and values are repeated up to the query heads first.
-    Only without an explicit mask: torch's kernels give a row whose keys are all masked zeros,
-    where this softmax would give NaN, and a causal mask never masks a whole row."""
-    if attn_mask is not None or dropout_p != 0.0:
-        raise NotImplementedError("attention with an explicit mask or dropout stays one operation")
+    An explicit mask is applied as torch applies it: a boolean one fills the positions it leaves
+    out with -inf, a float one is added to the scores; a row whose keys are all masked is zeros
+    (torch's safe softmax; a plain softmax gives NaN there): the weights are filled with 0 on the
+    rows the mask alone leaves without a key (scores of finite queries and keys are finite). A
+    constant mask that masks no whole row (a causal mask) makes that fill nothing (the encoder
+    states so), and the attention meets the one written out by hand."""
+    if dropout_p != 0.0 or (attn_mask is not None and is_causal):
+        raise NotImplementedError("attention with dropout stays one operation")
     factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
     if enable_gqa:
         key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
@@ -88,7 +92,15 @@ def _attention(
     if is_causal:
         keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril(diagonal=0)
         scores = scores.masked_fill(keep.logical_not(), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ value
+    if attn_mask is None:
+        return torch.softmax(scores, dim=-1) @ value
+    if attn_mask.dtype == torch.bool:
+        scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        no_key = attn_mask.logical_not().all(dim=-1, keepdim=True)
+    else:
+        scores = scores + attn_mask
+        no_key = (attn_mask == float("-inf")).all(dim=-1, keepdim=True)
+    return torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0) @ value
 
 
 @functools.cache

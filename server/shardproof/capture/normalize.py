@@ -203,6 +203,8 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
                 masked = masked_positions(value)
                 if masked is not None:
                     node.attrs["neg_inf_at"] = masked
+                if value.dtype == torch.bool and value.numel() and not bool(value.any()):
+                    node.attrs["sets_nothing"] = True  # a mask a fill with it leaves every value of
 
     def _convert(self, fx: torch.fx.Node) -> None:
         target = fx.target

@@ -266,6 +266,20 @@ class Encoder:
             self.commands.append(f"(union {name} (Const {_q(folded)}))")
         if node.op == "binary" and node.attrs["fn"] == "add":
             self._additive_mask(graph, node, name)
+        if node.op == "fill" and len(node.inputs) > 1:
+            self._fill_of_nothing(graph, node, name)
+
+    def _fill_of_nothing(self, graph: Graph, node: Node, name: str) -> None:
+        """A fill whose mask is a constant with no position set leaves its input as it is (of
+        the fill's own shape: a mask that only broadcasts it is a fill too). The rows of torch's
+        safe softmax that no key is left for, under a causal mask (decompose.py)."""
+        nodes = self._graph_nodes.get(graph.name)
+        if nodes is None:
+            nodes = self._graph_nodes[graph.name] = graph.node_map()
+        mask = nodes.get(node.inputs[1])
+        source = self.term(graph, node.inputs[0])
+        if mask is not None and mask.attrs.get("sets_nothing") and self.meta_of[source].shape == node.meta.shape:
+            self.commands.append(f"(union {name} {source})")
 
     def _additive_mask(self, graph: Graph, node: Node, name: str) -> None:
         """Scores plus a constant that is 0 or -inf everywhere (an additive causal mask, Meta's

@@ -149,6 +149,48 @@ def both_scaled_by_a_root(ref: nn.Module, rank: int, world_size: int) -> nn.Modu
     return ScaledOperandHeads(ref, rank, world_size, "both")
 
 
+class MaskedSdpaHeads(nn.Module):
+    """Heads split over ranks, attention through `F.scaled_dot_product_attention` with an explicit
+    mask where the reference passes `is_causal=True` (transformers' models build their own mask):
+    a boolean one (True where a key is kept) or an additive one (0 or -inf). `keep` says which
+    keys a query keeps: the causal ones, or (the mistakes the tests show) the strictly earlier
+    ones or the later ones."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int, mask: str, keep: str = "causal") -> None:
+        super().__init__()
+        per = HIDDEN // world_size
+        parts = ref.qkv.weight.chunk(3)
+        self.qkv = nn.Parameter(torch.cat([part[rank * per : (rank + 1) * per] for part in parts]).clone())
+        self.out = _block(ref.out.weight, 1, rank * per, per)
+        self.mask, self.keep = mask, keep
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, -1, HEAD_DIM).transpose(1, 2) for t in F.linear(x, self.qkv).chunk(3, dim=-1))
+        if self.keep == "causal":
+            kept = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+        elif self.keep == "earlier":
+            kept = torch.ones(s, s, dtype=torch.bool, device=x.device).tril(diagonal=-1)
+        else:
+            kept = torch.ones(s, s, dtype=torch.bool, device=x.device).triu()
+        if self.mask == "additive":
+            mask = torch.zeros(s, s, device=x.device).masked_fill(kept.logical_not(), float("-inf"))
+        else:
+            mask = kept
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.linear(out.transpose(1, 2).reshape(b, s, -1), self.out)
+        dist.all_reduce(out)
+        return out
+
+
+def sdpa_boolean_mask(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return MaskedSdpaHeads(ref, rank, world_size, "boolean")
+
+
+def sdpa_additive_mask(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return MaskedSdpaHeads(ref, rank, world_size, "additive")
+
+
 class SequenceShardedMean(nn.Module):
     """Each rank sums its block of positions; the sums all-reduced are divided by the whole
     sequence's length (the input's, which every rank holds)."""
