@@ -31,6 +31,16 @@ def docs_uri(code: str) -> str:
     )
 
 
+# What each mode verifies, in the user's words (diagnostics' data, the status item's tooltip).
+CONFIGURATIONS = {"full": "full declaration", "quick": "quick configuration"}
+
+
+def configured(mode: str) -> str:
+    """The prefix a finding's "(check, world sizes)" note gets: a result of the reduced quick
+    configuration says so; the full declaration is what the check means, and needs no note."""
+    return "quick configuration: " if mode == "quick" else ""
+
+
 def to_range(site: Site, text: str | None) -> types.Range:
     if text is None:
         line = max(site.line - 1, 0)
@@ -105,9 +115,10 @@ def for_check(result: CheckResult, mode: str, text_of: TextOf, pyproject: str, c
                 "check": result.name,
                 "worldSizes": sizes,
                 "mode": mode,
+                "configuration": CONFIGURATIONS.get(mode, mode),
                 "kind": "unproven" if unproven else d.kind,
             }
-            message = f"{d.message} ({result.name}, {where} {', '.join(map(str, sizes))})"
+            message = f"{d.message} ({result.name}, {configured(mode)}{where} {', '.join(map(str, sizes))})"
             witness = headline(d.witness)
             if witness:
                 message += f"\nwitness: {witness}"

@@ -102,6 +102,8 @@ class ShardproofLanguageServer(LanguageServer):
         self.folders: list[str] = []
         # (project, check, the user's line it is executing, seconds) of a long verification
         self.running_at: tuple[ProjectState, str, Site, float] | None = None
+        # the running verification's latest progress notification (check, mode, world size, stage)
+        self.last_progress: dict[str, Any] = {}
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         # pygls reports a failure to send (the client went away) by sending a message about it,
@@ -277,7 +279,25 @@ class ShardproofLanguageServer(LanguageServer):
     async def _verify_later(self, state: ProjectState, check: str, generation: int, delay: float) -> None:
         if delay > 0:
             await asyncio.sleep(delay)
-        await self.verify(state, check, "quick", generation)
+        await self.verify(state, check, self.editor_mode(state, check), generation)
+
+    def editor_mode(self, state: ProjectState, check: str) -> str:
+        """The configuration the editor verifies of `check` (on opening, edits and saves): "quick"
+        when the editorConfiguration setting asks for it and the check declares a quick table, else
+        "full" (a check without a quick table has only its full declaration)."""
+        if self.settings.editor_configuration != "quick" or state.project is None:
+            return "full"
+        declared = next((c for c in state.project.checks if c.name == check), None)
+        return "quick" if declared is not None and declared.quick is not None else "full"
+
+    def editor_configuration_changed(self) -> None:
+        """The editorConfiguration setting changed: verify again the checks whose shown result is
+        from the other configuration (those without a quick table are unaffected)."""
+        for state in self.projects:
+            for name in state.check_names():
+                shown = state.results.get(name)
+                if shown is None or shown[0] != self.editor_mode(state, name):
+                    self.schedule(state, name, 0.0)
 
     async def verify(
         self,
@@ -306,10 +326,19 @@ class ShardproofLanguageServer(LanguageServer):
             "overlay": overlay,
         }
         self.running = key
-        self.notify_client(VERIFICATION_STARTED, {"check": check, "mode": mode})
+        declared = next((c for c in state.project.checks if c.name == check), None)
+        sizes = world_sizes or (list(declared.for_mode(mode).world_sizes) if declared is not None else [])
+        self.notify_client(VERIFICATION_STARTED, {"check": check, "mode": mode, "worldSizes": sizes})
+        self.last_progress = {"check": check, "mode": mode}
 
         def forward(event: dict[str, Any]) -> None:
-            self.notify_client(PROGRESS, {k: event.get(k) for k in ("check", "world_size", "stage", "done", "total")})
+            # what the run is doing now, for the status item: the check, the configuration, the
+            # world size and stage ("capture", "capturing rank 3 of 8", "verification", ...)
+            self.last_progress = {
+                "mode": mode,
+                **{k: event.get(k) for k in ("check", "world_size", "stage", "done", "total")},
+            }
+            self.notify_client(PROGRESS, self.last_progress)
             if on_progress is not None:
                 on_progress(event)
 
@@ -376,7 +405,10 @@ class ShardproofLanguageServer(LanguageServer):
             self.running_at = (state, check, site, seconds)
             where = f"{os.path.basename(frame.file)}:{frame.line} in {frame.function}"
             log.info("%s is still running after %.0f s, at %s", check, seconds, where)
-            self.notify_client(PROGRESS, {"check": check, "stage": f"still running after {seconds:.0f} s at {where}"})
+            # the stage the run last reported stays what the status item shows; where it is, beside it
+            self.notify_client(
+                PROGRESS, {**self.last_progress, "where": f"still running after {seconds:.0f} s at {where}"}
+            )
             self.publish()
 
     @staticmethod
@@ -588,7 +620,7 @@ class ShardproofLanguageServer(LanguageServer):
                     if result is not None or _cancelled(progress, token) or check.name in state.failures:
                         break
                     # an edit to a file of the check cancelled the run: verify it again once the
-                    # edit's own (quick) verification is done
+                    # edit's own verification (in the editor's configuration) is done
                     log.info("the full verification of %s was interrupted by an edit; running it again", check.name)
                 finished += units[key]
                 if result is None:
