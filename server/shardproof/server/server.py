@@ -15,7 +15,6 @@ import linecache
 import logging
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,8 +46,6 @@ CMD_EXPLAIN = "shardproof.server.explainDiscrepancy"
 CLIENT_CMD_EXPLAIN = "shardproof.explainDiscrepancy"
 # After how long a running verification tells the user where in their code it is (and again after as long).
 STILL_RUNNING_SECONDS = 10.0
-# How often Verify Full Model runs a check again after an edit cancelled its run.
-FULL_MODEL_RETRIES = 1
 
 
 def _real(path: str) -> str:
@@ -561,108 +558,15 @@ class ShardproofLanguageServer(LanguageServer):
 
     # -- full model ---------------------------------------------------------------------------------------
     async def verify_full_model(self, client_token: str | None = None) -> dict[str, Any]:
-        """Every check at every declared world size, full configuration, with cancellable progress.
+        """Every check at every declared world size, full configuration (full_model.py)."""
+        from .full_model import verify_full_model
 
-        The client may pass its own progress token (it then shows the progress itself); otherwise
-        the server creates one with `window/workDoneProgress/create`.
-        """
-        token = client_token or str(uuid.uuid4())
-        progress = self.work_done_progress
-        if client_token is None:
-            with contextlib.suppress(Exception):
-                await progress.create_async(token)
-        checks = [(s, c) for s in self.projects for c in (s.project.checks if s.project else [])]
-        units = {(str(s.pyproject), c.name): 1 + 4 * len(c.world_sizes) for s, c in checks}
-        total = max(sum(units.values()), 1)
-        finished = 0
-        progress.begin(
-            token,
-            types.WorkDoneProgressBegin(
-                title="shardproof: Verify Full Model",
-                cancellable=True,
-                percentage=0,
-                message=f"{len(checks)} check{'' if len(checks) == 1 else 's'}",
-            ),
-        )
-        summary: list[dict[str, Any]] = []
-        cancelled = False
-        self.full_model_running = True
-        try:
-            for state, check in checks:
-                if _cancelled(progress, token):
-                    cancelled = True
-                    break
-                key = (str(state.pyproject), check.name)
-
-                def on_progress(event: dict[str, Any], base: int = finished, check_name: str = check.name) -> None:
-                    if _cancelled(progress, token):
-                        self.spawn(self.worker.cancel())
-                        return
-                    done = base + int(event.get("done", 0))
-                    where = f", world size {event['world_size']}" if event.get("world_size") else ""
-                    progress.report(
-                        token,
-                        types.WorkDoneProgressReport(
-                            message=f"{check_name}{where}: {event.get('stage', '')}",
-                            percentage=min(99, int(100 * done / total)),
-                        ),
-                    )
-
-                result = None
-                for _attempt in range(1 + FULL_MODEL_RETRIES):
-                    while self.running is not None:
-                        await asyncio.sleep(0.05)
-                    pending = self.pending.pop(key, None)
-                    if pending is not None:
-                        pending.cancel()
-                    state.failures.pop(check.name, None)
-                    result = await self.verify(state, check.name, "full", None, None, on_progress)
-                    if result is not None or _cancelled(progress, token) or check.name in state.failures:
-                        break
-                    # an edit to a file of the check cancelled the run: verify it again once the
-                    # edit's own verification (in the editor's configuration) is done
-                    log.info("the full verification of %s was interrupted by an edit; running it again", check.name)
-                finished += units[key]
-                if result is None:
-                    if _cancelled(progress, token):
-                        cancelled = True
-                        break
-                    failure = state.failures.get(check.name)
-                    summary.append(
-                        {
-                            "check": check.name,
-                            "verdict": "error" if failure else "interrupted",
-                            "error": failure
-                            or f"interrupted by edits {1 + FULL_MODEL_RETRIES} times; run Verify Full Model again",
-                        }
-                    )
-                    continue
-                summary.append(self.summary_of(result, "full"))
-        finally:
-            self.full_model_running = False
-            message = "cancelled" if cancelled else "done"
-            progress.end(token, types.WorkDoneProgressEnd(message=message))
-        verdicts = [s["verdict"] for s in summary]
-        return {
-            "cancelled": cancelled,
-            "checks": summary,
-            "verified": verdicts.count("verified"),
-            "discrepancy": verdicts.count("discrepancy"),
-            "unproven": verdicts.count("unproven"),
-            "inconclusive": verdicts.count("inconclusive"),
-            "interrupted": verdicts.count("interrupted"),
-            "error": verdicts.count("error"),
-        }
+        return await verify_full_model(self, client_token)
 
 
 def _findings(world: WorldSizeResult) -> list[Discrepancy]:
     """A world size's shown discrepancies and its unproven findings (both get diagnostics)."""
     return [*world.discrepancies, *world.unproven]
-
-
-def _cancelled(progress: Any, token: str) -> bool:
-    future = progress.tokens.get(token)
-    return bool(future is not None and future.cancelled())
 
 
 def _span_range(span: Any, lines: list[str]) -> types.Range:
