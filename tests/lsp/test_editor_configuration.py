@@ -56,6 +56,7 @@ async def test_edits_verify_the_full_declaration_by_default_and_the_quick_table_
     assert started["mode"] == "full" and started["worldSizes"] == [2, 4]
     assert finished["mode"] == "full" and finished["verdict"] == "discrepancy"
     assert [w["worldSize"] for w in finished["worldSizes"]] == [2, 4]
+    assert finished["discrepancies"] == 1  # one finding (one squiggle) at both world sizes, counted once
     assert progress and all(p["check"] == "ok" and p["mode"] == "full" for p in progress)
     stages = {(p["world_size"], p["stage"]) for p in progress}
     assert {(2, "capture"), (4, "capture"), (4, "verification")} <= stages, stages

@@ -67,7 +67,7 @@ class FileDiagnostic:
     diagnostic: types.Diagnostic
 
 
-def _merge_world_sizes(result: CheckResult, unproven: bool = False) -> list[tuple[Discrepancy, list[int]]]:
+def merge_world_sizes(result: CheckResult, unproven: bool = False) -> list[tuple[Discrepancy, list[int]]]:
     """Each finding once, with the world sizes it was found at (discrepancies, or unproven findings)."""
     merged: dict[str, tuple[Discrepancy, list[int]]] = {}
     for world in result.results:
@@ -105,7 +105,7 @@ def for_check(result: CheckResult, mode: str, text_of: TextOf, pyproject: str, c
     check's inconclusive world sizes and errors."""
     out: list[FileDiagnostic] = []
     for unproven in (False, True):
-        for d, sizes in _merge_world_sizes(result, unproven):
+        for d, sizes in merge_world_sizes(result, unproven):
             if d.primary is None:
                 continue
             related = related_information(d, text_of)

@@ -417,8 +417,9 @@ class ShardproofLanguageServer(LanguageServer):
             "worldSizes": [
                 {"worldSize": r.world_size, "verdict": r.verdict, "summary": r.summary} for r in result.results
             ],
-            "discrepancies": sum(len(r.discrepancies) for r in result.results),
-            "unproven": sum(len(r.unproven) for r in result.results),
+            # each finding once, however many world sizes show it: as many as its squiggles
+            "discrepancies": len(diag.merge_world_sizes(result)),
+            "unproven": len(diag.merge_world_sizes(result, unproven=True)),
             "error": result.error["message"] if result.error else None,
         }
 
