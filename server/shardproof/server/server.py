@@ -314,6 +314,8 @@ class ShardproofLanguageServer(LanguageServer):
                 return None
         if generation is not None and generation != self.generation.get(key):
             return None
+        if state.project is None:  # the declaration broke while this waited: its error is shown
+            return None
         overlay = self.overlay(state)
         params = {
             "pyproject": str(state.pyproject),
