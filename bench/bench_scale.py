@@ -57,7 +57,8 @@ LLAMA_405B = {"vocab": 128256, "dim": 16384, "heads": 128, "kv_heads": 8, "ffn":
 GPT_8_LAYERS = {"vocab": 50304, "dim": 2048, "heads": 16, "kv_heads": 16, "ffn": 8192}
 
 
-def write_project(root: Path) -> None:
+def write_project(root: Path, checks: tuple[str, ...] = ("tp", "sp")) -> None:
+    """The scale project at `root`, declaring `checks` (of "tp", "sp")."""
     (root / "scale_model").mkdir(parents=True, exist_ok=True)
     (root / "scale_model" / "__init__.py").write_text("")
     (root / "scale_model" / "model.py").write_text(MODEL)
@@ -65,28 +66,20 @@ def write_project(root: Path) -> None:
     example_copy = root / "example"
     shutil.copytree(ROOT / "examples" / "llama", example_copy, ignore=shutil.ignore_patterns("__pycache__"))
     example = example_copy.as_posix()
-    (root / "pyproject.toml").write_text(
+    parallel = {"tp": "llama_example.tp:parallelize", "sp": "llama_example.sp:parallelize"}
+    declared = "".join(
         textwrap.dedent(f"""
-        [tool.shardproof]
-        python-path = [".", "{example}"]
-
         [[tool.shardproof.check]]
-        name = "tp"
+        name = "{name}"
         reference = "scale_model.model:build"
-        parallel = "llama_example.tp:parallelize"
-        inputs = "scale_model.model:inputs"
-        world-sizes = [8]
-        outputs = "replicated"
-
-        [[tool.shardproof.check]]
-        name = "sp"
-        reference = "scale_model.model:build"
-        parallel = "llama_example.sp:parallelize"
+        parallel = "{parallel[name]}"
         inputs = "scale_model.model:inputs"
         world-sizes = [8]
         outputs = "replicated"
         """)
+        for name in checks
     )
+    (root / "pyproject.toml").write_text(f'\n[tool.shardproof]\npython-path = [".", "{example}"]\n{declared}')
 
 
 def run(

@@ -21,6 +21,7 @@ import { StatusItem } from './status';
 
 interface FinishedParams {
   check: string;
+  mode?: string;
   verdict: string;
   discrepancies: number;
   unproven?: number;
@@ -29,10 +30,12 @@ interface FinishedParams {
 
 interface ProgressParams {
   check: string;
+  mode?: string;
   world_size?: number;
   stage?: string;
   done?: number;
   total?: number;
+  where?: string;
 }
 
 const CRASH_WINDOW_MS = 3 * 60 * 1000;
@@ -50,6 +53,8 @@ export class ServerManager implements vscode.Disposable {
   private readonly discrepancies = new Map<string, number>();
   private readonly unproven = new Map<string, number>();
   private readonly errors = new Set<string>();
+  /** The checks whose shown result is from their quick configuration. */
+  private readonly quick = new Set<string>();
   private disposables: vscode.Disposable[] = [];
 
   constructor(
@@ -103,16 +108,28 @@ export class ServerManager implements vscode.Disposable {
         }
       }),
       client.onNotification(Notifications.verificationStarted, (params: { check: string; mode: string }) => {
-        this.status.set({ kind: 'verifying', check: params.check, detail: `${params.mode} configuration` });
+        this.status.set({ kind: 'verifying', check: params.check, mode: params.mode });
       }),
       client.onNotification(Notifications.progress, (params: ProgressParams) => {
-        const where = params.world_size ? `world size ${params.world_size}: ` : '';
         const percentage = params.total ? Math.round((100 * (params.done ?? 0)) / params.total) : undefined;
-        this.status.set({ kind: 'verifying', check: params.check, detail: `${where}${params.stage ?? ''}`, percentage });
+        this.status.set({
+          kind: 'verifying',
+          check: params.check,
+          mode: params.mode,
+          worldSize: params.world_size || undefined,
+          stage: params.stage || undefined,
+          where: params.where,
+          percentage,
+        });
       }),
       client.onNotification(Notifications.verificationFinished, (params: FinishedParams) => {
         this.discrepancies.set(params.check, params.discrepancies);
         this.unproven.set(params.check, params.unproven ?? 0);
+        if (params.mode === 'quick') {
+          this.quick.add(params.check);
+        } else {
+          this.quick.delete(params.check);
+        }
         if (params.verdict === 'error' || params.verdict === 'inconclusive') {
           this.errors.add(params.check);
         } else {
@@ -133,12 +150,13 @@ export class ServerManager implements vscode.Disposable {
   private showSummary(): void {
     const total = [...this.discrepancies.values()].reduce((sum, n) => sum + n, 0);
     const unproven = [...this.unproven.values()].reduce((sum, n) => sum + n, 0);
+    const quick = [...this.quick];
     if (total > 0 || unproven > 0) {
-      this.status.set({ kind: 'findings', discrepancies: total, unproven });
+      this.status.set({ kind: 'findings', discrepancies: total, unproven, quick });
     } else if (this.errors.size > 0) {
       this.status.set({ kind: 'error', message: `not verified: ${[...this.errors].join(', ')}` });
     } else {
-      this.status.set({ kind: 'idle' });
+      this.status.set({ kind: 'idle', quick });
     }
   }
 

@@ -1,8 +1,12 @@
 import * as vscode from 'vscode';
 import { SETTINGS_SECTION } from './constants';
 
+export type EditorConfiguration = 'full' | 'quick';
+
 export interface ServerSettings {
   run: 'onType' | 'onSave';
+  /** What the editor verifies on edits: each check's full declaration, or its quick table. */
+  editorConfiguration: EditorConfiguration;
   debounceMs: number;
   workerTimeoutSeconds: number;
   logLevel: string;
@@ -12,6 +16,7 @@ export function readServerSettings(folder?: vscode.WorkspaceFolder): ServerSetti
   const config = vscode.workspace.getConfiguration(SETTINGS_SECTION, folder);
   return {
     run: config.get<'onType' | 'onSave'>('run', 'onType'),
+    editorConfiguration: config.get<EditorConfiguration>('editorConfiguration', 'full'),
     debounceMs: config.get<number>('debounceMs', 600),
     workerTimeoutSeconds: config.get<number>('workerTimeoutSeconds', 300),
     logLevel: config.get<string>('logLevel', 'info'),
@@ -29,7 +34,7 @@ export function needsRestart(event: vscode.ConfigurationChangeEvent): boolean {
 }
 
 export function affectsServer(event: vscode.ConfigurationChangeEvent): boolean {
-  return ['run', 'debounceMs', 'workerTimeoutSeconds', 'logLevel'].some((key) =>
+  return ['run', 'editorConfiguration', 'debounceMs', 'workerTimeoutSeconds', 'logLevel'].some((key) =>
     event.affectsConfiguration(`${SETTINGS_SECTION}.${key}`),
   );
 }

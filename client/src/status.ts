@@ -4,9 +4,20 @@ import { Commands } from './constants';
 export type StatusState =
   | { kind: 'off' }
   | { kind: 'starting' }
-  | { kind: 'idle' }
-  | { kind: 'verifying'; check: string; detail?: string; percentage?: number }
-  | { kind: 'findings'; discrepancies: number; unproven: number }
+  | { kind: 'idle'; quick: string[] }
+  | {
+      kind: 'verifying';
+      check: string;
+      /** "full" (the declaration) or "quick" (the check's quick table). */
+      mode?: string;
+      worldSize?: number;
+      /** What the run is doing: "capture", "capturing rank 3 of 8", "verification", ... */
+      stage?: string;
+      /** Where a long run is in the user's code ("still running after 20 s at tp.py:78 in forward"). */
+      where?: string;
+      percentage?: number;
+    }
+  | { kind: 'findings'; discrepancies: number; unproven: number; quick: string[] }
   | { kind: 'error'; message: string };
 
 /** The status bar item: idle, verifying (with progress), discrepancies and unproven findings, or an error. */
@@ -37,13 +48,23 @@ export class StatusItem implements vscode.Disposable {
         item.tooltip = 'Starting the shardproof server';
         break;
       case 'idle':
-        item.text = '$(pass) shardproof';
-        item.tooltip = 'shardproof: every check verified. Click for the logs.';
+        item.text = `$(pass) shardproof${quickMark(state.quick)}`;
+        item.tooltip = `shardproof: every check verified${configurationNote(state.quick)}. Click for the logs.`;
         break;
       case 'verifying': {
-        const progress = state.percentage !== undefined ? ` ${state.percentage}%` : '';
-        item.text = `$(sync~spin) shardproof: verifying ${state.check}${progress}`;
-        item.tooltip = state.detail ? `shardproof: ${state.detail}` : `shardproof: verifying ${state.check}`;
+        item.text = `$(sync~spin) shardproof: ${verifyingText(state)}`;
+        const configuration = state.mode === 'quick' ? 'its quick configuration' : 'its full declaration';
+        const lines = [`shardproof: verifying ${state.check} (${configuration})`];
+        if (state.worldSize || state.stage) {
+          lines.push([state.worldSize ? `world size ${state.worldSize}` : '', state.stage ?? ''].filter(Boolean).join(': '));
+        }
+        if (state.percentage !== undefined) {
+          lines.push(`${state.percentage}% of this check done`);
+        }
+        if (state.where) {
+          lines.push(state.where);
+        }
+        item.tooltip = lines.join('\n');
         break;
       }
       case 'findings': {
@@ -54,11 +75,11 @@ export class StatusItem implements vscode.Disposable {
         if (state.unproven > 0) {
           parts.push(`$(warning) ${state.unproven} unproven`);
         }
-        item.text = `shardproof: ${parts.join(' · ')}`;
+        item.text = `shardproof: ${parts.join(' · ')}${quickMark(state.quick)}`;
         item.tooltip =
           (state.discrepancies > 0 ? 'shardproof found discrepancies the numbers confirm. ' : '') +
           (state.unproven > 0 ? 'Some values are not proven (the numbers show no difference). ' : '') +
-          'See the Problems panel; click for the logs.';
+          `Results${configurationNote(state.quick)}. See the Problems panel; click for the logs.`;
         item.backgroundColor = new vscode.ThemeColor(
           state.discrepancies > 0 ? 'statusBarItem.errorBackground' : 'statusBarItem.warningBackground',
         );
@@ -76,4 +97,38 @@ export class StatusItem implements vscode.Disposable {
   dispose(): void {
     this.item.dispose();
   }
+}
+
+/** The longest stage shown in the status bar itself; the tooltip has it all. */
+const STAGE_CHARS = 40;
+
+/** "llama-tp (quick), world size 8: capturing rank 3 of 8 · 40%" */
+export function verifyingText(state: {
+  check: string;
+  mode?: string;
+  worldSize?: number;
+  stage?: string;
+  percentage?: number;
+}): string {
+  let text = state.check + (state.mode === 'quick' ? ' (quick)' : '');
+  if (state.worldSize) {
+    text += `, world size ${state.worldSize}`;
+  }
+  const stage = state.stage ?? 'starting';
+  text += `: ${stage.length > STAGE_CHARS ? `${stage.slice(0, STAGE_CHARS - 1)}…` : stage}`;
+  if (state.percentage !== undefined) {
+    text += ` · ${state.percentage}%`;
+  }
+  return text;
+}
+
+/** " (quick)" when a shown result is from a quick configuration, so the user knows it is not the full model. */
+function quickMark(quick: string[]): string {
+  return quick.length > 0 ? ' (quick)' : '';
+}
+
+function configurationNote(quick: string[]): string {
+  return quick.length > 0
+    ? ` (quick configuration: ${quick.join(', ')}; the others in full)`
+    : ' (full declarations)';
 }

@@ -137,17 +137,23 @@ async def _session(lsp_client: LanguageClient, root: Path, name: str, options: d
     def register_capability(_client: LanguageClient, params: types.RegistrationParams) -> None:
         registrations.append(params)
 
+    in_order: list[tuple[str, object]] = []  # every shardproof notification, as (method, params)
+    lsp_client.shardproof_notifications = in_order  # type: ignore[attr-defined]
     for method in (
         "shardproof/workerStateChanged",
         "shardproof/verificationStarted",
         "shardproof/verificationFinished",
+        "shardproof/progress",
     ):
         events: list[object] = []
         setattr(lsp_client, method.split("/")[1], events)
 
         @lsp_client.feature(method)
-        def record(_client: LanguageClient, params: object, events: list[object] = events) -> None:
+        def record(
+            _client: LanguageClient, params: object, events: list[object] = events, method: str = method
+        ) -> None:
             events.append(plain(params))
+            in_order.append((method.split("/")[1], events[-1]))
 
     params = types.InitializeParams(
         capabilities=client_capabilities("visual-studio-code"),

@@ -11,8 +11,12 @@ from lsprotocol import types
 
 pytestmark = pytest.mark.slow
 
-example = workspace_fixture("example", None)
-missing = workspace_fixture("missing-fix", "missing-all-reduce")
+# These tests are about edits superseding runs, explanations, fixes and failures, not about what is
+# verified: the example's quick configuration keeps them fast. The editor's default, the full
+# declaration, is tested in test_editor_configuration.py, test_diagnostics.py and the VS Code e2e.
+QUICK = {"debounceMs": 200, "editorConfiguration": "quick"}
+example = workspace_fixture("example", None, QUICK)
+missing = workspace_fixture("missing-fix", "missing-all-reduce", QUICK)
 
 ORIGINAL = "return reduce_from_tp(F.linear(x, self.weight)) + self.bias"
 MISSING = "return F.linear(x, self.weight) + self.bias"
@@ -85,7 +89,7 @@ async def test_explain_and_quick_fix_make_the_check_pass(missing) -> None:
     explanation = plain(arguments[0])
     markdown = explanation["markdown"]
     assert "What the reference computes" in markdown and "model.py:104" in markdown
-    # While editing, the check runs its quick configuration (dim 64, the smallest world size).
+    # With editorConfiguration "quick", the check runs its quick configuration (dim 64, world size 2).
     assert "rank 0: a partial sum over its half of the 64 input features" in markdown
     assert explanation["svg"].startswith("<svg") and "reduce" in explanation["svg"]
     assert "Suggested fix" in markdown

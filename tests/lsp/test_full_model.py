@@ -11,7 +11,8 @@ from lsprotocol import types
 
 pytestmark = pytest.mark.slow
 
-example = workspace_fixture("full-model-edit", None)
+# the edit's own verification in the quick configuration: the retry, not the edit, is under test
+example = workspace_fixture("full-model-edit", None, {"debounceMs": 200, "editorConfiguration": "quick"})
 
 
 async def test_a_check_interrupted_by_an_edit_is_verified_again(example) -> None:

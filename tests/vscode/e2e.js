@@ -1,5 +1,7 @@
 // The shardproof extension in real VS Code (code-server), driven by playwright-core in Debian's
 // chromium. Scenario on the missing-all-reduce variant of the bundled example:
+//   the editor verifies the full declaration (the check declares a quick table too): the status
+//   item shows the cold run's progress (check, world size, stage), then the verdict;
 //   squiggle at the line of the mistake, hover, Problems panel, status item;
 //   Ctrl+. -> "Explain discrepancy" -> the explanation appears;
 //   fix the line by typing -> the squiggle disappears, the explanation says it is no longer reported;
@@ -8,7 +10,9 @@
 //   what the numeric witness found, and the explanation of an unproven finding.
 // Every step saves a screenshot to $SHOTS. Prints "N passed, M failed"; exits 1 on a failure.
 'use strict';
-const { goToLine, main, openFile, runCommand, screenshot, squiggleOnLine, statusItem, step } = require('./harness');
+const {
+  goToLine, main, openFile, runCommand, screenshot, squiggleOnLine, statusItem, statusSettled, statusVerifying, step,
+} = require('./harness');
 
 const URL = process.env.CS_URL;
 const WS = process.env.CS_WS;
@@ -30,6 +34,17 @@ main(async (page) => {
     await goToLine(page, MISTAKE_LINE);
   });
 
+  await step("the status item shows the cold run's progress on the full declaration", page, async () => {
+    // "llama-tp-missing-all-reduce, world size 4: capturing rank 3 of 4 · 40%"; a run of the
+    // quick configuration would say "(quick)" after the check's name
+    await statusVerifying(page, /llama-tp-missing-all-reduce, world size \d: \S/).waitFor({ timeout: 120000 });
+    const text = await statusItem(page).textContent();
+    if (text.includes('(quick)')) {
+      throw new Error(`the editor verifies the quick configuration by default: ${text}`);
+    }
+    await screenshot(page, 'status-progress');
+  });
+
   let squiggle;
   await step('a squiggle appears at the line of the mistake', page, async () => {
     squiggle = await squiggleOnLine(page, 'error', MISTAKE_LINE, 120000);
@@ -37,7 +52,11 @@ main(async (page) => {
   });
 
   await step('the status item counts the discrepancy', page, async () => {
-    await statusItem(page).filter({ hasText: '1 discrepancy' }).waitFor({ timeout: 60000 });
+    await statusSettled(page).filter({ hasText: '1 discrepancy' }).waitFor({ timeout: 120000 });
+    const text = await statusItem(page).textContent();
+    if (text.includes('(quick)')) {
+      throw new Error(`the verdict is from the quick configuration: ${text}`);
+    }
     await screenshot(page, 'status-discrepancy');
   });
 
@@ -124,22 +143,20 @@ main(async (page) => {
     await page.locator('.monaco-editor .squiggly-error').first().waitFor({ state: 'detached', timeout: 120000 });
     // the open explanation says its finding is no longer reported
     await page.locator('.tabs-container .tab', { hasText: 'no longer reported' }).first().waitFor({ timeout: 30000 });
-    await statusItem(page).filter({ hasNotText: 'discrepanc' }).filter({ hasNotText: 'verifying' }).waitFor({
-      timeout: 60000,
-    });
+    await statusSettled(page).filter({ hasNotText: 'discrepanc' }).waitFor({ timeout: 120000 });
     await screenshot(page, 'fixed-status-idle');
   });
 
   await step('"Verify Full Model" shows progress, then a summary', page, async () => {
     await runCommand(page, 'shardproof: Verify Full Model');
     await page.locator('.notifications-toasts', { hasText: 'Verify Full Model' }).first().waitFor();
-    await statusItem(page).filter({ hasText: 'verifying' }).waitFor({ timeout: 60000 });
+    await statusVerifying(page, /world size \d+: \S/).waitFor({ timeout: 60000 });
     await screenshot(page, 'full-model-progress');
     await page.locator('.notifications-toasts', { hasText: 'full model verified: 1 verified' }).first().waitFor({
       timeout: 300000,
     });
     await screenshot(page, 'full-model-summary');
-    await statusItem(page).filter({ hasNotText: 'verifying' }).filter({ hasNotText: 'discrepanc' }).waitFor();
+    await statusSettled(page).filter({ hasNotText: 'discrepanc' }).waitFor();
   });
 
   await step('a correct program the rules cannot prove is an unproven Warning, not an error', page, async () => {

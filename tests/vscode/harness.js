@@ -95,6 +95,17 @@ function statusItem(page) {
   return page.locator('.statusbar-item', { hasText: 'shardproof' }).first();
 }
 
+/** The status item while a verification runs (its spinning sync icon), optionally showing `text`. */
+function statusVerifying(page, text) {
+  const item = statusItem(page).filter({ has: page.locator('.codicon-sync') });
+  return text ? item.filter({ hasText: text }) : item;
+}
+
+/** The status item showing a verdict: no verification running, and not starting. */
+function statusSettled(page) {
+  return statusItem(page).filter({ hasNot: page.locator('.codicon-sync') }).filter({ hasNot: page.locator('.codicon-loading') });
+}
+
 /** Run a command from the palette by its title ("shardproof: Restart Server"). */
 async function runCommand(page, title) {
   await page.keyboard.press('F1');
@@ -159,5 +170,7 @@ module.exports = {
   screenshot,
   squiggleOnLine,
   statusItem,
+  statusSettled,
+  statusVerifying,
   step,
 };

@@ -54,10 +54,14 @@ if [ "$SCENARIO" = lifecycle ]; then
   INTERPRETER="$RUN/bare/bin/python"
   TRUST=true
   TRUST_FLAG=()
+  # The lifecycle restarts the server four times, each a cold run: the quick configuration keeps
+  # them short (and shows the setting reaching the server). The editing scenario runs on the
+  # editor's default, the full declaration.
+  EDITOR_CONFIGURATION='"shardproof.editorConfiguration": "quick",'
 fi
 cat > "$RUN/ud/User/settings.json" <<JSON
 {
-  "shardproof.interpreter": ["$INTERPRETER"],
+  "shardproof.interpreter": ["$INTERPRETER"],${EDITOR_CONFIGURATION:-}
   "workbench.startupEditor": "none",
   "workbench.tips.enabled": false,
   "telemetry.telemetryLevel": "off",

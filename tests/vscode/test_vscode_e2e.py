@@ -71,5 +71,5 @@ def test_scenario_passes_in_real_vscode(vsix: Path, scenario: str) -> None:
             f"cycle {cycle}: {summary}\n{run.stdout}\n{run.stderr[-4000:]}\n(screenshots in {shots})"
         )
         steps = [line for line in report if line.startswith("ok ")]
-        expected_steps = {"editing": 11, "lifecycle": 6}[scenario]
+        expected_steps = {"editing": 12, "lifecycle": 6}[scenario]
         assert len(steps) == expected_steps, f"cycle {cycle}: {len(steps)} of {expected_steps} steps ran"

@@ -31,6 +31,16 @@ def docs_uri(code: str) -> str:
     )
 
 
+# What each mode verifies, in the user's words (diagnostics' data, the status item's tooltip).
+CONFIGURATIONS = {"full": "full declaration", "quick": "quick configuration"}
+
+
+def configured(mode: str) -> str:
+    """The prefix a finding's "(check, world sizes)" note gets: a result of the reduced quick
+    configuration says so; the full declaration is what the check means, and needs no note."""
+    return "quick configuration: " if mode == "quick" else ""
+
+
 def to_range(site: Site, text: str | None) -> types.Range:
     if text is None:
         line = max(site.line - 1, 0)
@@ -57,7 +67,7 @@ class FileDiagnostic:
     diagnostic: types.Diagnostic
 
 
-def _merge_world_sizes(result: CheckResult, unproven: bool = False) -> list[tuple[Discrepancy, list[int]]]:
+def merge_world_sizes(result: CheckResult, unproven: bool = False) -> list[tuple[Discrepancy, list[int]]]:
     """Each finding once, with the world sizes it was found at (discrepancies, or unproven findings)."""
     merged: dict[str, tuple[Discrepancy, list[int]]] = {}
     for world in result.results:
@@ -95,7 +105,7 @@ def for_check(result: CheckResult, mode: str, text_of: TextOf, pyproject: str, c
     check's inconclusive world sizes and errors."""
     out: list[FileDiagnostic] = []
     for unproven in (False, True):
-        for d, sizes in _merge_world_sizes(result, unproven):
+        for d, sizes in merge_world_sizes(result, unproven):
             if d.primary is None:
                 continue
             related = related_information(d, text_of)
@@ -105,9 +115,10 @@ def for_check(result: CheckResult, mode: str, text_of: TextOf, pyproject: str, c
                 "check": result.name,
                 "worldSizes": sizes,
                 "mode": mode,
+                "configuration": CONFIGURATIONS.get(mode, mode),
                 "kind": "unproven" if unproven else d.kind,
             }
-            message = f"{d.message} ({result.name}, {where} {', '.join(map(str, sizes))})"
+            message = f"{d.message} ({result.name}, {configured(mode)}{where} {', '.join(map(str, sizes))})"
             witness = headline(d.witness)
             if witness:
                 message += f"\nwitness: {witness}"

@@ -121,12 +121,15 @@ def register(server: ShardproofLanguageServer) -> None:
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(ls: ShardproofLanguageServer, params: types.DidChangeConfigurationParams) -> None:
+        before = ls.settings
         settings, problems = ls.settings.from_options(params.settings, ls.settings)
         ls.settings = settings
         _apply_log_level(settings.log_level)
         log.info("settings changed: %s", settings)
         for problem in problems:
             ls.message(types.MessageType.Warning, f"shardproof: {problem}; keeping {ls.settings}")
+        if settings.editor_configuration != before.editor_configuration:
+            ls.editor_configuration_changed()
 
     @server.feature(
         types.TEXT_DOCUMENT_CODE_ACTION, types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix])

@@ -15,7 +15,6 @@ import linecache
 import logging
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,8 +46,6 @@ CMD_EXPLAIN = "shardproof.server.explainDiscrepancy"
 CLIENT_CMD_EXPLAIN = "shardproof.explainDiscrepancy"
 # After how long a running verification tells the user where in their code it is (and again after as long).
 STILL_RUNNING_SECONDS = 10.0
-# How often Verify Full Model runs a check again after an edit cancelled its run.
-FULL_MODEL_RETRIES = 1
 
 
 def _real(path: str) -> str:
@@ -102,6 +99,8 @@ class ShardproofLanguageServer(LanguageServer):
         self.folders: list[str] = []
         # (project, check, the user's line it is executing, seconds) of a long verification
         self.running_at: tuple[ProjectState, str, Site, float] | None = None
+        # the running verification's latest progress notification (check, mode, world size, stage)
+        self.last_progress: dict[str, Any] = {}
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         # pygls reports a failure to send (the client went away) by sending a message about it,
@@ -277,7 +276,25 @@ class ShardproofLanguageServer(LanguageServer):
     async def _verify_later(self, state: ProjectState, check: str, generation: int, delay: float) -> None:
         if delay > 0:
             await asyncio.sleep(delay)
-        await self.verify(state, check, "quick", generation)
+        await self.verify(state, check, self.editor_mode(state, check), generation)
+
+    def editor_mode(self, state: ProjectState, check: str) -> str:
+        """The configuration the editor verifies of `check` (on opening, edits and saves): "quick"
+        when the editorConfiguration setting asks for it and the check declares a quick table, else
+        "full" (a check without a quick table has only its full declaration)."""
+        if self.settings.editor_configuration != "quick" or state.project is None:
+            return "full"
+        declared = next((c for c in state.project.checks if c.name == check), None)
+        return "quick" if declared is not None and declared.quick is not None else "full"
+
+    def editor_configuration_changed(self) -> None:
+        """The editorConfiguration setting changed: verify again the checks whose shown result is
+        from the other configuration (those without a quick table are unaffected)."""
+        for state in self.projects:
+            for name in state.check_names():
+                shown = state.results.get(name)
+                if shown is None or shown[0] != self.editor_mode(state, name):
+                    self.schedule(state, name, 0.0)
 
     async def verify(
         self,
@@ -297,6 +314,8 @@ class ShardproofLanguageServer(LanguageServer):
                 return None
         if generation is not None and generation != self.generation.get(key):
             return None
+        if state.project is None:  # the declaration broke while this waited: its error is shown
+            return None
         overlay = self.overlay(state)
         params = {
             "pyproject": str(state.pyproject),
@@ -306,10 +325,19 @@ class ShardproofLanguageServer(LanguageServer):
             "overlay": overlay,
         }
         self.running = key
-        self.notify_client(VERIFICATION_STARTED, {"check": check, "mode": mode})
+        declared = next((c for c in state.project.checks if c.name == check), None)
+        sizes = world_sizes or (list(declared.for_mode(mode).world_sizes) if declared is not None else [])
+        self.notify_client(VERIFICATION_STARTED, {"check": check, "mode": mode, "worldSizes": sizes})
+        self.last_progress = {"check": check, "mode": mode}
 
         def forward(event: dict[str, Any]) -> None:
-            self.notify_client(PROGRESS, {k: event.get(k) for k in ("check", "world_size", "stage", "done", "total")})
+            # what the run is doing now, for the status item: the check, the configuration, the
+            # world size and stage ("capture", "capturing rank 3 of 8", "verification", ...)
+            self.last_progress = {
+                "mode": mode,
+                **{k: event.get(k) for k in ("check", "world_size", "stage", "done", "total")},
+            }
+            self.notify_client(PROGRESS, self.last_progress)
             if on_progress is not None:
                 on_progress(event)
 
@@ -376,7 +404,10 @@ class ShardproofLanguageServer(LanguageServer):
             self.running_at = (state, check, site, seconds)
             where = f"{os.path.basename(frame.file)}:{frame.line} in {frame.function}"
             log.info("%s is still running after %.0f s, at %s", check, seconds, where)
-            self.notify_client(PROGRESS, {"check": check, "stage": f"still running after {seconds:.0f} s at {where}"})
+            # the stage the run last reported stays what the status item shows; where it is, beside it
+            self.notify_client(
+                PROGRESS, {**self.last_progress, "where": f"still running after {seconds:.0f} s at {where}"}
+            )
             self.publish()
 
     @staticmethod
@@ -388,8 +419,9 @@ class ShardproofLanguageServer(LanguageServer):
             "worldSizes": [
                 {"worldSize": r.world_size, "verdict": r.verdict, "summary": r.summary} for r in result.results
             ],
-            "discrepancies": sum(len(r.discrepancies) for r in result.results),
-            "unproven": sum(len(r.unproven) for r in result.results),
+            # each finding once, however many world sizes show it: as many as its squiggles
+            "discrepancies": len(diag.merge_world_sizes(result)),
+            "unproven": len(diag.merge_world_sizes(result, unproven=True)),
             "error": result.error["message"] if result.error else None,
         }
 
@@ -529,108 +561,15 @@ class ShardproofLanguageServer(LanguageServer):
 
     # -- full model ---------------------------------------------------------------------------------------
     async def verify_full_model(self, client_token: str | None = None) -> dict[str, Any]:
-        """Every check at every declared world size, full configuration, with cancellable progress.
+        """Every check at every declared world size, full configuration (full_model.py)."""
+        from .full_model import verify_full_model
 
-        The client may pass its own progress token (it then shows the progress itself); otherwise
-        the server creates one with `window/workDoneProgress/create`.
-        """
-        token = client_token or str(uuid.uuid4())
-        progress = self.work_done_progress
-        if client_token is None:
-            with contextlib.suppress(Exception):
-                await progress.create_async(token)
-        checks = [(s, c) for s in self.projects for c in (s.project.checks if s.project else [])]
-        units = {(str(s.pyproject), c.name): 1 + 4 * len(c.world_sizes) for s, c in checks}
-        total = max(sum(units.values()), 1)
-        finished = 0
-        progress.begin(
-            token,
-            types.WorkDoneProgressBegin(
-                title="shardproof: Verify Full Model",
-                cancellable=True,
-                percentage=0,
-                message=f"{len(checks)} check{'' if len(checks) == 1 else 's'}",
-            ),
-        )
-        summary: list[dict[str, Any]] = []
-        cancelled = False
-        self.full_model_running = True
-        try:
-            for state, check in checks:
-                if _cancelled(progress, token):
-                    cancelled = True
-                    break
-                key = (str(state.pyproject), check.name)
-
-                def on_progress(event: dict[str, Any], base: int = finished, check_name: str = check.name) -> None:
-                    if _cancelled(progress, token):
-                        self.spawn(self.worker.cancel())
-                        return
-                    done = base + int(event.get("done", 0))
-                    where = f", world size {event['world_size']}" if event.get("world_size") else ""
-                    progress.report(
-                        token,
-                        types.WorkDoneProgressReport(
-                            message=f"{check_name}{where}: {event.get('stage', '')}",
-                            percentage=min(99, int(100 * done / total)),
-                        ),
-                    )
-
-                result = None
-                for _attempt in range(1 + FULL_MODEL_RETRIES):
-                    while self.running is not None:
-                        await asyncio.sleep(0.05)
-                    pending = self.pending.pop(key, None)
-                    if pending is not None:
-                        pending.cancel()
-                    state.failures.pop(check.name, None)
-                    result = await self.verify(state, check.name, "full", None, None, on_progress)
-                    if result is not None or _cancelled(progress, token) or check.name in state.failures:
-                        break
-                    # an edit to a file of the check cancelled the run: verify it again once the
-                    # edit's own (quick) verification is done
-                    log.info("the full verification of %s was interrupted by an edit; running it again", check.name)
-                finished += units[key]
-                if result is None:
-                    if _cancelled(progress, token):
-                        cancelled = True
-                        break
-                    failure = state.failures.get(check.name)
-                    summary.append(
-                        {
-                            "check": check.name,
-                            "verdict": "error" if failure else "interrupted",
-                            "error": failure
-                            or f"interrupted by edits {1 + FULL_MODEL_RETRIES} times; run Verify Full Model again",
-                        }
-                    )
-                    continue
-                summary.append(self.summary_of(result, "full"))
-        finally:
-            self.full_model_running = False
-            message = "cancelled" if cancelled else "done"
-            progress.end(token, types.WorkDoneProgressEnd(message=message))
-        verdicts = [s["verdict"] for s in summary]
-        return {
-            "cancelled": cancelled,
-            "checks": summary,
-            "verified": verdicts.count("verified"),
-            "discrepancy": verdicts.count("discrepancy"),
-            "unproven": verdicts.count("unproven"),
-            "inconclusive": verdicts.count("inconclusive"),
-            "interrupted": verdicts.count("interrupted"),
-            "error": verdicts.count("error"),
-        }
+        return await verify_full_model(self, client_token)
 
 
 def _findings(world: WorldSizeResult) -> list[Discrepancy]:
     """A world size's shown discrepancies and its unproven findings (both get diagnostics)."""
     return [*world.discrepancies, *world.unproven]
-
-
-def _cancelled(progress: Any, token: str) -> bool:
-    future = progress.tokens.get(token)
-    return bool(future is not None and future.cancelled())
 
 
 def _span_range(span: Any, lines: list[str]) -> types.Range:

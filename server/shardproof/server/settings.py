@@ -11,6 +11,9 @@ from typing import Any
 log = logging.getLogger("shardproof.server")
 
 RUN_MODES = ("onType", "onSave")
+# What the editor verifies of each check (on opening the workspace, on edits, on saves): its full
+# declaration, or its reduced `[tool.shardproof.check.quick]` table when it declares one.
+EDITOR_CONFIGURATIONS = ("full", "quick")
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,7 @@ class Settings:
     # a verification running longer is stopped (the user is told where it was after 10 s already)
     worker_timeout_seconds: float = 120.0
     log_level: str = "info"
+    editor_configuration: str = "full"
 
     @staticmethod
     def from_options(options: Any, base: Settings | None = None) -> tuple[Settings, list[str]]:
@@ -37,6 +41,15 @@ class Settings:
                 changes["run"] = run
             else:
                 problems.append(f"shardproof.run must be one of {', '.join(RUN_MODES)}, got {run!r}")
+        configuration = options.get("editorConfiguration")
+        if configuration is not None:
+            if configuration in EDITOR_CONFIGURATIONS:
+                changes["editor_configuration"] = configuration
+            else:
+                problems.append(
+                    f"shardproof.editorConfiguration must be one of {', '.join(EDITOR_CONFIGURATIONS)}, "
+                    f"got {configuration!r}"
+                )
         for key, field_name, cast in (
             ("debounceMs", "debounce_ms", int),
             ("workerTimeoutSeconds", "worker_timeout_seconds", float),
