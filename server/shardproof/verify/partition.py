@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ..graph.model import Graph, Node, Placeholder
 from ..relations import expr as px
+from ..relations.assumed import Shard, Unrelated, assumed_shard
 from .relations_found import RelationIndex
 
 # The first numbered component of a module path names the block ("layers.3", "decoder.layers.3")
@@ -50,7 +51,7 @@ class Obligation:
 
     reference: str  # value id in the reference
     ranks: tuple[str, ...]  # value id in each rank, in rank order
-    expected: tuple[tuple[int, int, int] | None, ...]  # per rank: None = equal, else (dim, start, end)
+    expected: tuple[Shard | None, ...]  # per rank: None = equal, else (dim, start, end)
 
 
 @dataclass
@@ -226,28 +227,19 @@ def _pair(
     reference_meta = nodes[0].meta
     whole = px.ParamRef(name=target, shape=reference_meta.shape, dtype=reference_meta.dtype)
     exprs: list[px.Expr] = [whole]
-    expected: list[tuple[int, int, int] | None] = []
+    expected: list[Shard | None] = []
     for (graph, _), node in zip(programs[1:], nodes[1:], strict=True):
         meta = node.meta
-        if meta.dtype != reference_meta.dtype or meta.ndim != reference_meta.ndim:
+        try:
+            shard = assumed_shard(reference_meta, meta, graph.rank)
+        except Unrelated:
             return None
-        differing = [d for d, (a, b) in enumerate(zip(reference_meta.shape, meta.shape, strict=True)) if a != b]
-        if not differing:
+        expected.append(shard)
+        if shard is None:
             exprs.append(whole)
-            expected.append(None)
             continue
-        if len(differing) != 1:
-            return None
-        dim = differing[0]
-        full, own = reference_meta.shape[dim], meta.shape[dim]
-        if own == 0 or full % own or graph.rank is None:
-            return None
-        start = (graph.rank % (full // own)) * own
-        negative = dim - meta.ndim
-        exprs.append(
-            px.SliceOf(source=whole, dim=negative, start=start, end=start + own, shape=meta.shape, dtype=meta.dtype)
-        )
-        expected.append((negative, start, start + own))
+        dim, start, end = shard
+        exprs.append(px.SliceOf(source=whole, dim=dim, start=start, end=end, shape=meta.shape, dtype=meta.dtype))
     return Obligation(values[0], tuple(values[1:]), tuple(expected)), exprs
 
 
