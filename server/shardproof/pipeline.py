@@ -23,7 +23,7 @@ from .verify.cache import cached_result, result_key, store_result
 from .verify.cache import saturate as saturate_cached
 from .verify.cache import saturate_all as saturate_all_cached
 from .verify.encode import encode_unit
-from .verify.partition import partition, proven
+from .verify.partition import Part, partition, partition_block, proven
 from .verify.relations_found import RelationIndex
 from .verify.sandbox import Job, Sandbox
 from .verify.verdict import output_relations
@@ -397,10 +397,19 @@ def verify_memoized(
         stats["templates_entered_sharded"] = len(sharded)
     progress(check.name, world_size, "verification")
     start = time.perf_counter()
-    units: list[Unit] = [
-        Unit(*block_contracts.with_assumed_inputs(unit.reference, unit.reference_values, unit.ranks, unit.contracts))
-        for unit in captured.units
-    ]
+    units: list[Unit] = []
+    # per template, its units: the template whole, or its parts (cut at its sub-modules, like a
+    # large block of a world size, so that they saturate at once in smaller e-graphs)
+    template_parts: list[list[Part] | None] = []
+    for unit in captured.units:
+        assumed = block_contracts.with_assumed_inputs(unit.reference, unit.reference_values, unit.ranks, unit.contracts)
+        parts = partition_block(*assumed)
+        template_parts.append(parts)
+        if parts is None:
+            units.append(Unit(*assumed))
+        else:
+            # the parts' obligations read relations of values inside the block, not only outputs
+            units.extend(Unit(p.reference, p.reference_values, p.ranks, outputs_only=False) for p in parts)
     by_rank: dict[int, dict[str, block_contracts.Contract]] = {}
     for contract in terms:
         by_rank.setdefault(contract.rank, {})[contract.template] = contract
@@ -411,11 +420,19 @@ def verify_memoized(
     units.append(Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws))
     # only the units' outputs are read: anything else not proven is left to the plain run
     proofs = prove_units(sandbox, check, units, outputs_only=True)
-    for unit, proof in zip(captured.units, proofs, strict=False):
-        index = proof.index
+    position = 0
+    for unit, parts in zip(captured.units, template_parts, strict=True):
+        own = proofs[position : position + (len(parts) if parts is not None else 1)]
+        position += len(own)
+        if parts is not None and not all(
+            proof.index is not None and proven(part, proof.index) for part, proof in zip(parts, own, strict=True)
+        ):
+            return None
+        last = own[-1]  # the template whole, or its last part: the one holding its outputs
+        index = last.index
         if index is None or not all(
-            block_contracts.guaranteed(contract, index, proof.reference, rank)
-            for contract, rank in zip(unit.contracts, proof.ranks, strict=True)
+            block_contracts.guaranteed(contract, index, last.reference, rank)
+            for contract, rank in zip(unit.contracts, last.ranks, strict=True)
         ):
             return None
     outputs = proofs[-1].outputs(check.outputs)
@@ -468,6 +485,7 @@ class Unit:
     reference_values: dict[str, Expr]
     ranks: list[tuple[Graph, dict[str, Expr]]]
     call_laws: tuple[str, ...] = ()
+    outputs_only: bool | None = None  # None: as `prove_units` is told
 
 
 def prove_units(
@@ -480,7 +498,11 @@ def prove_units(
     `outputs_only`, only the units' outputs are read from their proofs (see `encode_unit`)."""
     bounds = check.bounds
     given = [unit if isinstance(unit, Unit) else Unit(*unit) for unit in units]
-    encoded = [encode_unit(u.reference, u.reference_values, u.ranks, outputs_only, u.call_laws) for u in given]
+    only = [outputs_only if u.outputs_only is None else u.outputs_only for u in given]
+    encoded = [
+        encode_unit(u.reference, u.reference_values, u.ranks, reads_outputs, u.call_laws)
+        for u, reads_outputs in zip(given, only, strict=True)
+    ]
     jobs = [Job(e.commands, bounds.iterations, bounds.seconds, bounds.max_rows) for e in encoded]
     saturated = saturate_all_cached(sandbox, jobs)
     return [

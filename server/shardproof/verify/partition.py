@@ -76,7 +76,31 @@ def partition(
     labels = [label for label, _ in cut[0]]
     if sum(label is not None for label in labels) < 2 or any([lb for lb, _ in c] != labels for c in cut[1:]):
         return None
+    return _parts(programs, _split_large_blocks(cut))
+
+
+def partition_block(
+    reference: Graph, reference_values: dict[str, px.Expr], ranks: list[tuple[Graph, dict[str, px.Expr]]]
+) -> list[Part] | None:
+    """The parts of one block's programs (a memoized template, every node inside one module: the
+    wrapper that called the block) cut at its sub-modules like a large block of a world size, or
+    None when it does not cut into several parts alike."""
+    programs = [(reference, reference_values), *ranks]
+    cut = [_segments(graph.nodes, _outermost) for graph, _ in programs]
+    if any(len(segments) != 1 or segments[0][0] is None for segments in cut):
+        return None
     cut = _split_large_blocks(cut)
+    if len(cut[0]) < 2:
+        return None
+    return _parts(programs, cut)
+
+
+def _outermost(node: Node) -> str | None:
+    return node.module_path.split(".", 1)[0] or None
+
+
+def _parts(programs: list[tuple[Graph, dict[str, px.Expr]]], cut: list[Segments]) -> list[Part] | None:
+    """The parts of programs cut alike into `cut`'s segments (see `partition`)."""
     labels = [label for label, _ in cut[0]]
     produced_in = [_producers(segments) for segments in cut]
     node_maps = [graph.node_map() for graph, _ in programs]
