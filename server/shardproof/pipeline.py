@@ -18,11 +18,12 @@ from .localize.diagnose import Evidence, explain
 from .localize.sites import to_site
 from .localize.unproven import as_unproven, shown
 from .results import CheckResult, Discrepancy, Unsupported, WorldSizeResult
+from .verify import block_contracts
 from .verify.cache import cached_result, result_key, store_result
 from .verify.cache import saturate as saturate_cached
 from .verify.cache import saturate_all as saturate_all_cached
 from .verify.encode import encode_unit
-from .verify.partition import partition, proven
+from .verify.partition import Part, partition, partition_block, proven
 from .verify.relations_found import RelationIndex
 from .verify.sandbox import Job, Sandbox
 from .verify.verdict import output_relations
@@ -367,8 +368,9 @@ def verify_memoized(
     capture: object, check: Check, world_size: int, sandbox: Sandbox, progress: ProgressFn
 ) -> WorldSizeResult | None:
     """Verify a model with repeated blocks block by block: every distinct block (template) once,
-    with the same inputs in every program, then the skeletons with each block an opaque call, the
-    same in the reference and the ranks because its template was proven. The verdict is
+    with each rank's inputs assumed to relate to the reference's as their shapes say (equal, or the
+    rank's block of a sequence), then the skeletons with each block an opaque call, related across
+    programs by what its template's proof guarantees (verify/block_contracts.py). The verdict is
     `verified` or None: a template or skeleton that is not proven this way is left to the plain
     run, which gives the verdict and the location (so both ways always agree)."""
     from .capture.memoized import NotMemoizable, capture_memoized
@@ -383,16 +385,55 @@ def verify_memoized(
     except (NotMemoizable, ShardproofError):
         return None
     seconds["capture"] = time.perf_counter() - start
+    terms = [contract for unit in captured.units for contract in unit.contracts]
+    # the template proofs and the skeleton's are saturated at once: the skeleton's rules state
+    # what each template must guarantee, and it is checked below that its proof does
+    laws = tuple(law for contract in terms for law in block_contracts.rules(contract))
+    if any(not contract.congruent for contract in terms) and not laws:
+        return None  # blocks with more inputs than an opaque call keeps (no rule could relate them)
+    sharded = {contract.template for contract in terms if not contract.congruent}
     stats: dict[str, object] = {"templates": len(captured.units), "block_instances": captured.instance_count}
+    if sharded:
+        stats["templates_entered_sharded"] = len(sharded)
     progress(check.name, world_size, "verification")
     start = time.perf_counter()
-    units = [(unit.reference, unit.reference_values, unit.ranks) for unit in captured.units]
-    skeletons = [(p.skeleton, p.values) for p in captured.ranks]
-    units.append((captured.reference.skeleton, captured.reference.values, skeletons))
+    units: list[Unit] = []
+    # per template, its units: the template whole, or its parts (cut at its sub-modules, like a
+    # large block of a world size, so that they saturate at once in smaller e-graphs)
+    template_parts: list[list[Part] | None] = []
+    for unit in captured.units:
+        assumed = block_contracts.with_assumed_inputs(unit.reference, unit.reference_values, unit.ranks, unit.contracts)
+        parts = partition_block(*assumed)
+        template_parts.append(parts)
+        if parts is None:
+            units.append(Unit(*assumed))
+        else:
+            # the parts' obligations read relations of values inside the block, not only outputs
+            units.extend(Unit(p.reference, p.reference_values, p.ranks, outputs_only=False) for p in parts)
+    by_rank: dict[int, dict[str, block_contracts.Contract]] = {}
+    for contract in terms:
+        by_rank.setdefault(contract.rank, {})[contract.template] = contract
+    skeletons = [
+        (block_contracts.with_own_calls(p.skeleton, by_rank.get(p.skeleton.rank or 0, {})), p.values)
+        for p in captured.ranks
+    ]
+    units.append(Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws))
     # only the units' outputs are read: anything else not proven is left to the plain run
     proofs = prove_units(sandbox, check, units, outputs_only=True)
-    for proof in proofs[:-1]:
-        if proof.outputs("replicated") is None:
+    position = 0
+    for unit, parts in zip(captured.units, template_parts, strict=True):
+        own = proofs[position : position + (len(parts) if parts is not None else 1)]
+        position += len(own)
+        if parts is not None and not all(
+            proof.index is not None and proven(part, proof.index) for part, proof in zip(parts, own, strict=True)
+        ):
+            return None
+        last = own[-1]  # the template whole, or its last part: the one holding its outputs
+        index = last.index
+        if index is None or not all(
+            block_contracts.guaranteed(contract, index, last.reference, rank)
+            for contract, rank in zip(unit.contracts, last.ranks, strict=True)
+        ):
             return None
     outputs = proofs[-1].outputs(check.outputs)
     if outputs is None:
@@ -403,7 +444,8 @@ def verify_memoized(
         "rank_nodes": sum(len(g.nodes) for g, _ in skeletons),
     } | unit_stats(proofs)
     summary = _summary(outputs)
-    summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct)"
+    summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct"
+    summary += f", {len(sharded)} of them entered sharded)" if sharded else ")"
     return WorldSizeResult(world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats)
 
 
@@ -434,21 +476,38 @@ class UnitProof:
         return None if failing else outputs
 
 
+@dataclass
+class Unit:
+    """What `prove_units` saturates: the reference, its values, every rank with its values, and
+    the laws of opaque calls proven elsewhere (see `encode_unit`)."""
+
+    reference: Graph
+    reference_values: dict[str, Expr]
+    ranks: list[tuple[Graph, dict[str, Expr]]]
+    call_laws: tuple[str, ...] = ()
+    outputs_only: bool | None = None  # None: as `prove_units` is told
+
+
 def prove_units(
     sandbox: Sandbox,
     check: Check,
-    units: list[tuple[Graph, dict[str, Expr], list[tuple[Graph, dict[str, Expr]]]]],
+    units: list[Unit] | list[tuple[Graph, dict[str, Expr], list[tuple[Graph, dict[str, Expr]]]]],
     outputs_only: bool = False,
 ) -> list[UnitProof]:
     """Saturate independent units at once (the cache answers those it holds). With
     `outputs_only`, only the units' outputs are read from their proofs (see `encode_unit`)."""
     bounds = check.bounds
-    encoded = [encode_unit(reference, values, ranks, outputs_only) for reference, values, ranks in units]
+    given = [unit if isinstance(unit, Unit) else Unit(*unit) for unit in units]
+    only = [outputs_only if u.outputs_only is None else u.outputs_only for u in given]
+    encoded = [
+        encode_unit(u.reference, u.reference_values, u.ranks, reads_outputs, u.call_laws)
+        for u, reads_outputs in zip(given, only, strict=True)
+    ]
     jobs = [Job(e.commands, bounds.iterations, bounds.seconds, bounds.max_rows) for e in encoded]
     saturated = saturate_all_cached(sandbox, jobs)
     return [
-        UnitProof(reference, [graph for graph, _ in ranks], unit, saturation, cached)
-        for (reference, _, ranks), unit, (saturation, cached) in zip(units, encoded, saturated, strict=True)
+        UnitProof(u.reference, [graph for graph, _ in u.ranks], unit, saturation, cached)
+        for u, unit, (saturation, cached) in zip(given, encoded, saturated, strict=True)
     ]
 
 

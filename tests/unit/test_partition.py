@@ -3,9 +3,11 @@ earlier part, and what the earlier part must prove in return (verify/partition.p
 
 from __future__ import annotations
 
+import dataclasses
+
 from shardproof.graph.model import Graph, Node, Placeholder, TensorMeta
 from shardproof.relations import expr as px
-from shardproof.verify.partition import block_of, partition
+from shardproof.verify.partition import SPLIT_ABOVE, block_of, partition, partition_block
 
 
 def _graph(name: str, rank: int | None, steps: list[tuple[str, str, tuple[int, ...]]]) -> Graph:
@@ -94,3 +96,30 @@ def test_a_large_block_is_cut_again_at_its_sub_modules(monkeypatch) -> None:
         "layers.1",
     ]
     assert [o.reference for o in parts[1].obligations] == ["attn0"]  # the attention's output, read by the MLP
+
+
+def _block(name: str, rank: int | None, shape: tuple[int, ...]) -> list[tuple]:
+    """A memoized template's programs: every node inside the wrapper's `block` module."""
+    attention = [(f"a{i}", "block.attention", shape) for i in range(SPLIT_ABOVE // 2 + 1)]
+    mlp = [(f"m{i}", "block.feed_forward", shape) for i in range(SPLIT_ABOVE // 2 + 1)]
+    return _graph(name, rank, [*attention, *mlp, ("add", "block", shape)])
+
+
+def test_a_large_template_is_cut_at_its_sub_modules_and_its_outputs_stay_in_the_last_part() -> None:
+    reference = _block("reference", None, (4, 8))
+    ranks = [(_block(f"rank{r}", r, (2, 8)), {}) for r in range(2)]
+    parts = partition_block(reference, {}, ranks)
+    assert parts is not None
+    assert [p.label for p in parts] == ["block.attention", "block.feed_forward"]
+    assert parts[-1].final and parts[-1].reference.outputs == ["add"]
+    # the MLP reads the attention's last value, assumed to be each rank's block and proven upstream
+    (obligation,) = parts[0].obligations
+    assert obligation.reference == f"a{SPLIT_ABOVE // 2}" and obligation.expected == ((-2, 0, 2), (-2, 2, 4))
+
+
+def test_a_small_template_or_one_outside_a_single_module_is_not_cut() -> None:
+    small = _graph("reference", None, [("a", "block.attention", (4, 8)), ("m", "block.feed_forward", (4, 8))])
+    assert partition_block(small, {}, [(small, {})]) is None
+    reference = _block("reference", None, (4, 8))
+    reference.nodes[0] = dataclasses.replace(reference.nodes[0], module_path="elsewhere")
+    assert partition_block(reference, {}, [(reference, {})]) is None

@@ -1,13 +1,13 @@
 """Capture with repeated blocks traced once (see blocks.py): a skeleton per program, and per
 distinct block (template) its graph in the reference and in every rank.
 
-Verification then proves each template on its own, with its inputs the same in every program
-(`pipeline.verify_memoized`), and the skeletons with every block call an opaque operation: a block call of a
-proven template is the same operation in the reference and in the ranks, so equal inputs give
-equal outputs; any other block call stays rank-specific. A block can only be memoized when it is
-the same computation in every instance (blocks.py records that) and when its parameters relate
-to the reference's in the same way in every instance (checked here), because a template stands
-for all its instances.
+Verification then proves each template on its own, with each rank's inputs assumed to relate to
+the reference's as their shapes say (equal, or a block of one dim: sequence parallelism), and the
+skeletons with every block call an opaque operation related across programs by what its
+template's proof guarantees (`pipeline.verify_memoized`, verify/block_contracts.py). A block
+can only be memoized when it is the same computation in every instance (blocks.py records that)
+and when its parameters relate to the reference's in the same way in every instance (checked
+here), because a template stands for all its instances.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import torch
 from torch import nn
 
 from ..graph.model import Graph
+from ..relations.assumed import Unrelated
 from ..relations.expr import Expr
+from ..verify.block_contracts import Contract, contracts
 from . import blocks, dtensor
 from .fake_pg import fake_rank, group_ranks
 from .forked import in_own_fork, map_ranks
@@ -65,6 +67,9 @@ class TemplateUnit:
     reference_values: dict[str, Expr]
     ranks: list[tuple[Graph, dict[str, Expr]]]
     instances: list[str]  # the paths it stands for
+    # per rank, how its inputs are assumed and its outputs must be proven to relate to the
+    # reference's (verify/block_contracts.py)
+    contracts: list[Contract] = field(default_factory=list)
 
 
 @dataclass
@@ -335,23 +340,20 @@ def _units(reference: ProgramPieces, ranks: list[ProgramPieces]) -> list[Templat
             if form(instance.path) != form(instance.template):
                 raise NotMemoizable(f"the parameters of {instance.path} relate differently on {program.skeleton.name}")
         template = instance.template
-        expected = _input_metas(reference.templates[template])
-        for program in ranks:
-            if _input_metas(program.templates[template]) != expected:
-                # the template proof assumes every program passes the block the same values
-                where = program.skeleton.name
-                raise NotMemoizable(f"block {template} does not receive the reference's inputs on {where}")
         if template not in units:
+            try:
+                # the template proof assumes each rank's inputs relate to the reference's as their
+                # shapes say (equal, or a block of one dim), and proves the same of its outputs
+                terms = contracts(template, reference.templates[template], [p.templates[template] for p in ranks])
+            except Unrelated as exc:
+                raise NotMemoizable(f"block {template} receives inputs no assumed relation fits ({exc})") from None
             units[template] = TemplateUnit(
                 template,
                 reference.templates[template],
                 _within(reference.values, template),
                 [(p.templates[template], _within(p.values, template)) for p in ranks],
                 [],
+                terms,
             )
         units[template].instances.append(instance.path)
     return list(units.values())
-
-
-def _input_metas(graph: Graph) -> list[tuple[str, object]]:
-    return [(p.target, p.meta) for p in graph.placeholders if p.kind == "input"]

@@ -786,8 +786,12 @@ def encode_unit(
     reference_values: dict[str, px.Expr],
     ranks: list[tuple[Graph, dict[str, px.Expr]]],
     outputs_only: bool = False,
+    call_laws: tuple[str, ...] = (),
 ) -> EncodedUnit:
     """Encode the reference and all ranks of one world size into one program.
+
+    `call_laws`: rules of opaque calls proven elsewhere (block_contracts.py), added to the unit;
+    they match calls one by one, so no chain of calls is collapsed in such a unit.
 
     With `outputs_only` (a unit whose verdict reads nothing but its outputs' relations), every
     chain of opaque calls is one call (`collapse_opaque_chains`), and a value an opaque call
@@ -803,8 +807,9 @@ def encode_unit(
     # the backward of a joint graph is linear in its seed: carry constant factors (see Encoder._factored)
     encoder.factor_out = any(role is not None for role in reference.gradient_roles)
     if outputs_only:
-        reference = collapse_opaque_chains(reference)
-        ranks = [(collapse_opaque_chains(graph), values) for graph, values in ranks]
+        if not call_laws:
+            reference = collapse_opaque_chains(reference)
+            ranks = [(collapse_opaque_chains(graph), values) for graph, values in ranks]
         for graph in [reference, *(g for g, _ in ranks)]:
             between = _between_opaque_calls(graph, laws.targets)
             encoder.factless.update(encoder._name(graph.name, value) for value in between)
@@ -814,6 +819,7 @@ def encode_unit(
         encoder.add_placeholders(graph, values)
     _encode_ranks(encoder, [g for g, _ in ranks])
     encoder.commands.extend(laws.rules)
+    encoder.commands.extend(call_laws)
     unit = encoder.finish()
     unit.law_targets = laws.targets
     return unit

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ..graph.model import Graph, Node, Placeholder
 from ..relations import expr as px
+from ..relations.assumed import Shard, Unrelated, assumed_shard
 from .relations_found import RelationIndex
 
 # The first numbered component of a module path names the block ("layers.3", "decoder.layers.3")
@@ -50,7 +51,7 @@ class Obligation:
 
     reference: str  # value id in the reference
     ranks: tuple[str, ...]  # value id in each rank, in rank order
-    expected: tuple[tuple[int, int, int] | None, ...]  # per rank: None = equal, else (dim, start, end)
+    expected: tuple[Shard | None, ...]  # per rank: None = equal, else (dim, start, end)
 
 
 @dataclass
@@ -75,7 +76,31 @@ def partition(
     labels = [label for label, _ in cut[0]]
     if sum(label is not None for label in labels) < 2 or any([lb for lb, _ in c] != labels for c in cut[1:]):
         return None
+    return _parts(programs, _split_large_blocks(cut))
+
+
+def partition_block(
+    reference: Graph, reference_values: dict[str, px.Expr], ranks: list[tuple[Graph, dict[str, px.Expr]]]
+) -> list[Part] | None:
+    """The parts of one block's programs (a memoized template, every node inside one module: the
+    wrapper that called the block) cut at its sub-modules like a large block of a world size, or
+    None when it does not cut into several parts alike."""
+    programs = [(reference, reference_values), *ranks]
+    cut = [_segments(graph.nodes, _outermost) for graph, _ in programs]
+    if any(len(segments) != 1 or segments[0][0] is None for segments in cut):
+        return None
     cut = _split_large_blocks(cut)
+    if len(cut[0]) < 2:
+        return None
+    return _parts(programs, cut)
+
+
+def _outermost(node: Node) -> str | None:
+    return node.module_path.split(".", 1)[0] or None
+
+
+def _parts(programs: list[tuple[Graph, dict[str, px.Expr]]], cut: list[Segments]) -> list[Part] | None:
+    """The parts of programs cut alike into `cut`'s segments (see `partition`)."""
     labels = [label for label, _ in cut[0]]
     produced_in = [_producers(segments) for segments in cut]
     node_maps = [graph.node_map() for graph, _ in programs]
@@ -226,28 +251,19 @@ def _pair(
     reference_meta = nodes[0].meta
     whole = px.ParamRef(name=target, shape=reference_meta.shape, dtype=reference_meta.dtype)
     exprs: list[px.Expr] = [whole]
-    expected: list[tuple[int, int, int] | None] = []
+    expected: list[Shard | None] = []
     for (graph, _), node in zip(programs[1:], nodes[1:], strict=True):
         meta = node.meta
-        if meta.dtype != reference_meta.dtype or meta.ndim != reference_meta.ndim:
+        try:
+            shard = assumed_shard(reference_meta, meta, graph.rank)
+        except Unrelated:
             return None
-        differing = [d for d, (a, b) in enumerate(zip(reference_meta.shape, meta.shape, strict=True)) if a != b]
-        if not differing:
+        expected.append(shard)
+        if shard is None:
             exprs.append(whole)
-            expected.append(None)
             continue
-        if len(differing) != 1:
-            return None
-        dim = differing[0]
-        full, own = reference_meta.shape[dim], meta.shape[dim]
-        if own == 0 or full % own or graph.rank is None:
-            return None
-        start = (graph.rank % (full // own)) * own
-        negative = dim - meta.ndim
-        exprs.append(
-            px.SliceOf(source=whole, dim=negative, start=start, end=start + own, shape=meta.shape, dtype=meta.dtype)
-        )
-        expected.append((negative, start, start + own))
+        dim, start, end = shard
+        exprs.append(px.SliceOf(source=whole, dim=dim, start=start, end=end, shape=meta.shape, dtype=meta.dtype))
     return Obligation(values[0], tuple(values[1:]), tuple(expected)), exprs
 
 
