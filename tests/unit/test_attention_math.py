@@ -67,7 +67,9 @@ def test_attention_is_captured_as_scores_scale_causal_mask_softmax_and_values() 
     assert all(n.site is not None and n.site.innermost.line == scale.site.innermost.line for n in graph.nodes[3:])
 
 
-def test_attention_with_an_explicit_mask_stays_one_operation() -> None:
+def test_attention_with_an_explicit_mask_is_written_out_with_torch_s_rows_without_a_key() -> None:
+    # a float mask is added to the scores; the weights of a row the mask leaves without a key are
+    # zeros, as torch gives them (a plain softmax gives NaN there)
     graph = _graph(
         lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
         (2, 4, 6, 8),
@@ -75,7 +77,16 @@ def test_attention_with_an_explicit_mask_stays_one_operation() -> None:
         (2, 4, 6, 8),
         (6, 6),
     )
-    assert [n.op for n in graph.nodes] == ["sdpa"]
+    nodes = graph.node_map()
+    assert "sdpa" not in [n.op for n in graph.nodes]
+    (zeroed,) = [n for n in graph.nodes if n.op == "fill"]
+    assert float(zeroed.attrs["value"]) == 0.0
+    weights, no_key = (nodes[i] for i in zeroed.inputs)
+    assert weights.op == "binary" and weights.attrs["fn"] == "div"  # the softmax's normalisation
+    assert no_key.op == "reduce" and no_key.attrs["fn"] == "all" and no_key.attrs["dim"] == -1
+    minus_infinity = nodes[no_key.inputs[0]]
+    assert minus_infinity.attrs["fn"] == "eq" and minus_infinity.attrs["value"] == "-inf"
+    assert minus_infinity.inputs == ("xs_3",)  # where the mask alone leaves no key
 
 
 def test_a_permutation_of_a_permutation_is_stated_as_one_and_holds() -> None:
