@@ -396,6 +396,9 @@ class Instance:
             )
         if name == "evaluated":
             return meaning.is_plain(args[0])
+        if name == "scintprod":  # a front-end fact: the product of two integer factors
+            first, then, product = args
+            return first * then == product
         if name in ("scprod", "scprodrecip"):
             # a front-end fact: the product of two factors (the encoder's, of their unrounded values),
             # true to the significant digits the verifier keeps of any number (scalars.py)

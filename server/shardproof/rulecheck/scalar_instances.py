@@ -113,4 +113,5 @@ def _(g: Gen) -> dict[str, Any]:
 
 @instance("division-of-division", "multiple-of-multiple")
 def _(g: Gen) -> dict[str, Any]:
-    return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": g.int(1, 9), "b": g.int(1, 9)}
+    a, b = g.int(2, 9), g.int(2, 9)
+    return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": a, "b": b, "c": a * b}

@@ -24,7 +24,7 @@ from .layout_facts import broadcast_facts, composition_facts, expand_facts, perm
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
 from .permutations import Permutations
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
-from .scalars import fill_value, float_factor, product_fact, scalar_term, scaled_term
+from .scalars import fill_value, float_factor, integer_factor, product_fact, scalar_term, scaled_term
 from .sum_forms import SumForms
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -86,6 +86,7 @@ class Encoder:
         self._graph_nodes: dict[str, dict[str, Node]] = {}  # graph name -> its nodes by id
         self._permutations_stated: set[tuple[int, ...]] = set()
         self._factors: dict[str, float] = {}  # the float factors of scalings, by their term (rules_scalars.py)
+        self._integer_factors: set[int] = set()  # the integer factors of scalings (`ScI` terms)
         # permutations of permutations and of repeats, stated as one (permutations.py)
         self.permutations = Permutations(self._permuted_term, self.commands.append)
 
@@ -336,6 +337,9 @@ class Encoder:
             factor = float_factor(a["fn"], a["value"])
             if factor is not None and len(self._factors) < _MOST_FACTORS:
                 self._factors.setdefault(scalar_term("mul", "x", factor), factor)
+            integer = integer_factor(a["fn"], a["value"])
+            if integer is not None and len(self._integer_factors) < _MOST_FACTORS:
+                self._integer_factors.add(integer)
         elif op == "binary":
             self.let(name, f"(Bin {_q(a['fn'])} {ins[0]} {ins[1]})", meta)
             if a["fn"] == "add" and own_inputs and not self.factor_out and all(i in self.meta_of for i in ins):
@@ -672,7 +676,9 @@ class Encoder:
         """Scaling by a then by b is scaling by a * b, for every two float factors of the programs
         (a value scaled twice once the scalings of its operands are moved to it: rules_scalars.py)."""
         factors = list(self._factors.values())
-        facts = (product_fact(first, then) for first in factors for then in factors)
+        facts = [product_fact(first, then) for first in factors for then in factors]
+        integers = sorted(self._integer_factors)
+        facts += [f"(scintprod {a} {b} {a * b})" for a in integers for b in integers if abs(a * b) < 2**31]
         return [fact for fact in facts if fact is not None]
 
     def finish(self) -> EncodedUnit:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "20"
+RULE_LIBRARY_VERSION = "21"
 
 
 @dataclass(frozen=True)
@@ -596,6 +596,7 @@ _FACTS = r"""
 (relation negation (String))
 (relation scprod (String String String))
 (relation scprodrecip (String String i64))
+(relation scintprod (i64 i64 i64))
 (negation "bitwise_not") (negation "logical_not")
 (linear-unary "neg")
 (scaling "mul") (scaling "div") (scaling "rmul")

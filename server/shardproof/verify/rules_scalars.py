@@ -8,7 +8,9 @@ queries and the keys times `d ** -0.25`). They are one function, by two laws of 
 a matrix product, a linear map and a permutation are linear in each operand, so a scaled operand
 gives the scaled result; and scaling by a then by b is scaling by a * b. The products of the
 float factors a program uses are facts the encoder states (`scprod`, `scprodrecip`: scalars.py
-writes the product as its own term would be written), integer factors multiply in egglog.
+writes the product as its own term would be written), and so are the products of its integer
+factors (`scintprod`): never computed in egglog, where a value equal to itself divided by a number
+(a constant 0) would make ever larger divisors.
 """
 
 from __future__ import annotations
@@ -81,12 +83,14 @@ _rule(
 _rule(
     "division-of-division",
     "normalization",
-    "(X / a) / b = X / (a * b) for integers a, b",
-    '(rule ((= y (ScI "div" (ScI "div" X a) b))) ((union y (ScI "div" X (* a b)))))',
+    "(X / a) / b = X / c with c = a * b for integers a, b (the encoder's scintprod facts: products of the "
+    "program's own integer factors only, so a value equal to itself divided by a number, a constant 0, "
+    "cannot make ever larger divisors)",
+    '(rule ((= y (ScI "div" (ScI "div" X a) b)) (scintprod a b c)) ((union y (ScI "div" X c))))',
 )
 _rule(
     "multiple-of-multiple",
     "normalization",
-    "(X * a) * b = X * (a * b) for integers a, b",
-    '(rule ((= y (ScI "mul" (ScI "mul" X a) b))) ((union y (ScI "mul" X (* a b)))))',
+    "(X * a) * b = X * c with c = a * b for integers a, b (the encoder's scintprod facts)",
+    '(rule ((= y (ScI "mul" (ScI "mul" X a) b)) (scintprod a b c)) ((union y (ScI "mul" X c))))',
 )

@@ -72,6 +72,18 @@ def float_factor(fn: str, value: Any) -> float | None:
     return float(value) if fn == "mul" else 1.0 / float(value)
 
 
+def integer_factor(fn: str, value: Any) -> int | None:
+    """The integer of `operand <fn> value` when `scalar_term` writes it `(ScI "mul" ...)` or
+    `(ScI "div" ...)`, else None."""
+    if fn not in ("mul", "div") or isinstance(value, bool) or not isinstance(value, int | float) or value == 0:
+        return None
+    term = scalar_term(fn, "x", value)
+    for form in ('(ScI "mul" x ', '(ScI "div" x '):
+        if term.startswith(form):
+            return int(term[len(form) : -1])
+    return None
+
+
 def factor_text(factor: float) -> str:
     """How a `(Sc "mul" x c)` term writes its factor c."""
     return repr(_rounded(factor))
