@@ -85,9 +85,7 @@ def map_ranks(
         first = here(0)
         check(first)
         return [first] + [here(rank) for rank in range(1, world_size)]
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()  # else the children would write this process's buffered output again
+    _flush_streams()  # else the children would write this process's buffered output again
     queue = _RankQueue(world_size)
     children: list[tuple[int, int]] = []  # (pid, read end)
     collected: set[int] = set()
@@ -155,21 +153,14 @@ def _in_fork(capture_one: Callable[[int], T], rank: int) -> T | object:
     """capture_one(rank) in a fork of this process; its error is raised here when it pickles.
     _FAILED when the fork could not deliver (it died, its result does not pickle)."""
     global _IN_OWN_FORK
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    _flush_streams()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the rank's fork: never returns
         os.close(read_end)
         code = 0
         try:
-            from ..worker import stacks
-
-            stacks.register()
-            torch = sys.modules.get("torch")
-            if torch is not None:
-                torch.set_num_threads(1)  # the parent's OpenMP team does not survive the fork
+            _prepare_fork()
             _IN_OWN_FORK = True
             try:
                 outcome: tuple[str, object] = ("result", capture_one(rank))
@@ -181,9 +172,7 @@ def _in_fork(capture_one: Callable[[int], T], rank: int) -> T | object:
                 payload = b""
             with os.fdopen(write_end, "wb") as pipe:
                 pipe.write(payload)
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
+            _flush_streams()
         except BaseException:  # noqa: BLE001 - whatever happens, the fork must not return
             code = 1
         finally:
@@ -191,12 +180,7 @@ def _in_fork(capture_one: Callable[[int], T], rank: int) -> T | object:
     os.close(write_end)
     delivered = False
     try:
-        chunks: list[bytes] = []
-        with os.fdopen(read_end, "rb") as pipe:
-            while chunk := pipe.read(1 << 20):
-                chunks.append(chunk)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        answer = _read_to_end(pid, read_end)
         delivered = True
     finally:
         if not delivered:  # interrupted here: the fork must not outlive the question
@@ -204,7 +188,7 @@ def _in_fork(capture_one: Callable[[int], T], rank: int) -> T | object:
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
     try:
-        (kind, value), names = pickle.loads(b"".join(chunks))
+        (kind, value), names = pickle.loads(answer)
     except Exception:  # noqa: BLE001 - an empty or truncated answer
         return _FAILED
     environment.add_names(names)
@@ -216,12 +200,7 @@ def _in_fork(capture_one: Callable[[int], T], rank: int) -> T | object:
 def _serve_child(capture_one: Callable[[int], object], queue: _RankQueue, write_end: int) -> None:
     code = 0
     try:
-        from ..worker import stacks
-
-        stacks.register()  # the server may ask where this child is (a builder that never returns)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            torch.set_num_threads(1)
+        _prepare_fork()
         delivered: dict[int, object] = {}
         while (rank := queue.take()) is not None:
             try:
@@ -236,9 +215,7 @@ def _serve_child(capture_one: Callable[[int], object], queue: _RankQueue, write_
             payload = pickle.dumps(({}, names), protocol=pickle.HIGHEST_PROTOCOL)
         with os.fdopen(write_end, "wb") as pipe:
             pipe.write(payload)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
+        _flush_streams()
     except BaseException:  # noqa: BLE001 - whatever happens, the child must not return
         code = 1
     finally:
@@ -247,15 +224,39 @@ def _serve_child(capture_one: Callable[[int], object], queue: _RankQueue, write_
 
 def _collect(pid: int, read_end: int, world_size: int) -> dict[int, object]:
     """What a child delivered; nothing when it died or sent something unreadable."""
+    try:
+        delivered, names = pickle.loads(_read_to_end(pid, read_end))
+    except Exception:  # noqa: BLE001 - a truncated or empty answer: captured again by the parent
+        return {}
+    environment.add_names(names)
+    return {rank: value for rank, value in delivered.items() if 0 < rank < world_size}
+
+
+def _read_to_end(pid: int, read_end: int) -> bytes:
+    """Everything a forked process wrote to its pipe, once it has ended."""
     chunks: list[bytes] = []
     with os.fdopen(read_end, "rb") as pipe:
         while chunk := pipe.read(1 << 20):
             chunks.append(chunk)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-    try:
-        delivered, names = pickle.loads(b"".join(chunks))
-    except Exception:  # noqa: BLE001 - a truncated or empty answer: captured again by the parent
-        return {}
-    environment.add_names(names)
-    return {rank: value for rank, value in delivered.items() if 0 < rank < world_size}
+    return b"".join(chunks)
+
+
+def _prepare_fork() -> None:
+    """What a forked capture process does first: register where it is (the server may ask, a
+    builder that never returns), and run torch with one thread (the parent's OpenMP team does not
+    survive the fork, and meta tensors need no threads)."""
+    from ..worker import stacks
+
+    stacks.register()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def _flush_streams() -> None:
+    """Flush this process's output before a fork or an exit (else it is written twice, or lost)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()

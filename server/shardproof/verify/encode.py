@@ -270,13 +270,18 @@ class Encoder:
         if node.op == "fill" and len(node.inputs) > 1:
             self._fill_of_nothing(graph, node, name)
 
+    def _nodes_of(self, graph: Graph) -> dict[str, Node]:
+        """A graph's nodes by id (built once per graph)."""
+        nodes = self._graph_nodes.get(graph.name)
+        if nodes is None:
+            nodes = self._graph_nodes[graph.name] = graph.node_map()
+        return nodes
+
     def _fill_of_nothing(self, graph: Graph, node: Node, name: str) -> None:
         """A fill whose mask is a constant with no position set leaves its input as it is (of
         the fill's own shape: a mask that only broadcasts it is a fill too). The rows of torch's
         safe softmax that no key is left for, under a causal mask (decompose.py)."""
-        nodes = self._graph_nodes.get(graph.name)
-        if nodes is None:
-            nodes = self._graph_nodes[graph.name] = graph.node_map()
+        nodes = self._nodes_of(graph)
         mask = nodes.get(node.inputs[1])
         source = self.term(graph, node.inputs[0])
         if mask is not None and mask.attrs.get("sets_nothing") and self.meta_of[source].shape == node.meta.shape:
@@ -286,9 +291,7 @@ class Encoder:
         """Scores plus a constant that is 0 or -inf everywhere (an additive causal mask, Meta's
         Llama) are the scores filled with -inf where the constant is: x + 0 = x and x + -inf = -inf
         for every real x. Stated when the scores have the sum's shape (the mask broadcasts)."""
-        nodes = self._graph_nodes.get(graph.name)
-        if nodes is None:
-            nodes = self._graph_nodes[graph.name] = graph.node_map()
+        nodes = self._nodes_of(graph)
         for mask_input, scores_input in ((1, 0), (0, 1)):
             mask = nodes.get(node.inputs[mask_input])
             where = mask.attrs.get("neg_inf_at") if mask is not None else None
