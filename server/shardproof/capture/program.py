@@ -325,36 +325,16 @@ def _export(
     inside a module a plan parallelized is reported at the plan entry."""
     attributes_as_buffers(module)
     try:
-        with (
-            torch.no_grad(),
-            exact_stack_traces(),
-            extended_collective_remaps(),
-            warnings.catch_warnings(),
-            _quiet_torch_logs(),
-        ):
-            # torch warns about deprecated collectives and pytree internals while tracing user code
-            warnings.simplefilter("ignore")
-            with_dtensors = dtensor.uses_dtensor(module)
-            if with_dtensors:
-                dtensor.prepare_export()
-            if with_dtensors:
-                # DTensor's sharding propagation needs composite ops decomposed (see dtensor.py)
-                with (
-                    dtensor.traceable_embeddings(),
-                    dtensor.attention_by_heads(),
-                    dtensor.losses_as_in_eager(),
-                    dtensor.metadata_asserts_on_local_tensors(),
-                    dtensor.global_outputs(module),
-                ):
-                    program = torch.export.export(module, inputs, strict=False)
-                    inline_grad_mode_regions(program.graph_module)
-                    return program.run_decompositions(dtensor.decomposition_table())
-            with sends_as_outputs(module):
-                program = torch.export.export(module, inputs, strict=False)
-            inline_grad_mode_regions(program.graph_module)
-            if mutation_free(program):
-                return program
-            return program.run_decompositions(decomp_table={})
+        try:
+            return _export_once(module, inputs)
+        except Exception as exc:  # retried below, else reported at the user line
+            if not _mixes_cpu_into_meta(exc):
+                raise
+        # A factory call without a device (`torch.zeros(n)` in forward) makes a CPU tensor, which
+        # the real run adds to CPU values and the capture cannot add to meta ones: made on the
+        # meta device, it is the same value for the capture (tensors that name a device keep it).
+        with torch.device("meta"):
+            return _export_once(module, inputs)
     except Exception as exc:  # noqa: BLE001 - a tracing failure is reported at the user line
         error = user_code_error(exc, stage)
         in_plan = dtensor.plan_entry_of_failure(exc, module, plan or {})
@@ -367,6 +347,44 @@ def _export(
             )
             error.site = entry
         raise error from None
+
+
+def _mixes_cpu_into_meta(exc: BaseException) -> bool:
+    text = str(exc)
+    return "meta and cpu" in text or "cpu and meta" in text or "Expected: meta, Got: cpu" in text
+
+
+def _export_once(module: nn.Module, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
+    with (
+        torch.no_grad(),
+        exact_stack_traces(),
+        extended_collective_remaps(),
+        warnings.catch_warnings(),
+        _quiet_torch_logs(),
+    ):
+        # torch warns about deprecated collectives and pytree internals while tracing user code
+        warnings.simplefilter("ignore")
+        with_dtensors = dtensor.uses_dtensor(module)
+        if with_dtensors:
+            dtensor.prepare_export()
+        if with_dtensors:
+            # DTensor's sharding propagation needs composite ops decomposed (see dtensor.py)
+            with (
+                dtensor.traceable_embeddings(),
+                dtensor.attention_by_heads(),
+                dtensor.losses_as_in_eager(),
+                dtensor.metadata_asserts_on_local_tensors(),
+                dtensor.global_outputs(module),
+            ):
+                program = torch.export.export(module, inputs, strict=False)
+                inline_grad_mode_regions(program.graph_module)
+                return program.run_decompositions(dtensor.decomposition_table())
+        with sends_as_outputs(module):
+            program = torch.export.export(module, inputs, strict=False)
+        inline_grad_mode_regions(program.graph_module)
+        if mutation_free(program):
+            return program
+        return program.run_decompositions(decomp_table={})
 
 
 def _trace_joint(

@@ -88,7 +88,10 @@ class Context(Blame, Pictures, Plans):
     def ref_value_name(self, value: str) -> str:
         """`the output of linear layers.0.attention.wo`, `layers.0.attention.wo.bias`."""
         if value in self.ref_placeholders:
-            return self.ref_placeholders[value].target
+            placeholder = self.ref_placeholders[value]
+            if placeholder.kind == "input":  # its target is the argument's position ("0", "0.tokens")
+                return f"input {placeholder.target} of the forward"
+            return placeholder.target
         node = self.ref_nodes.get(value)
         if node is None:
             return value

@@ -108,7 +108,8 @@ def _(g: Gen) -> dict[str, Any]:
 
 @instance("share-of-share")
 def _(g: Gen) -> dict[str, Any]:
-    return {"X": g.tensor(*_shape(g, 2)), "p": g.int(1, 3), "q": g.int(1, 4), "n": g.int(1, 4)}
+    q, n = g.int(1, 4), g.int(1, 4)
+    return {"X": g.tensor(*_shape(g, 2)), "p": g.int(1, 3), "q": q, "n": n, "m": q * n}
 
 
 @instance("partial-unary-linear")

@@ -24,7 +24,15 @@ from .layout_facts import broadcast_facts, composition_facts, expand_facts, perm
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
 from .permutations import Permutations
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
-from .scalars import fill_value, float_factor, integer_factor, product_fact, scalar_term, scaled_term
+from .scalars import (
+    fill_value,
+    float_factor,
+    integer_factor,
+    integer_product_facts,
+    product_fact,
+    scalar_term,
+    scaled_term,
+)
 from .sum_forms import SumForms
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -173,11 +181,18 @@ class Encoder:
         self._expr_terms[expr] = name
         return name
 
+    def _scaled(self, term: str, factor: Fraction) -> str:
+        """factor * term; its integers join the factors whose products are stated (scintprod)."""
+        for integer in (factor.numerator, factor.denominator):
+            if integer != 1 and len(self._integer_factors) < _MOST_FACTORS:
+                self._integer_factors.add(integer)
+        return scaled_term(term, factor)
+
     def _scale(self, src: str, factor: Fraction, meta: TensorMeta) -> str:
         if factor == 1:
             return src
         if factor.numerator == 1 or factor.denominator == 1:
-            return self.let(self._fresh("scale"), scaled_term(src, factor), meta)
+            return self.let(self._fresh("scale"), self._scaled(src, factor), meta)
         return self.let(self._fresh("scale"), f'(Sc "mul" {src} {_q(repr(float(factor)))})', meta)
 
     # -- structural helpers shared by graphs and provenance ------------------------------------------
@@ -433,14 +448,14 @@ class Encoder:
             for i, f in enumerate(factors[1:], start=1):
                 if f != factor:
                     meta = self.meta_of[terms[i]]
-                    terms[i] = self.let(self._fresh("ratio"), scaled_term(terms[i], f / factor), meta)
+                    terms[i] = self.let(self._fresh("ratio"), self._scaled(terms[i], f / factor), meta)
         core = self._fresh("core")
         self.node_term(graph, node, core, ins=terms)
         self._state_scaled(graph, node, name, core, factor)
         return True
 
     def _state_scaled(self, graph: Graph, node: Node, name: str, core: str, factor: Fraction) -> None:
-        self.let(name, scaled_term(core, factor), node.meta)
+        self.let(name, self._scaled(core, factor), node.meta)
         if factor != 1:
             self.scaled[(graph.name, node.id)] = (core, factor)
             # the unscaled value's relations are read back under the node's id + SCALED_SUFFIX
@@ -536,7 +551,7 @@ class Encoder:
                 total = f"(SumN {collection})"
                 if not self.factor_out:  # (the sums' terms are not known as unscaled cores)
                     self.commands.extend(self.sums.total_facts(total, inputs))
-                return total if op == "sum" else f'(ScI "div" {total} {len(group)})'
+                return total if op == "sum" else self._scaled(total, Fraction(1, len(group)))
             if op not in ("max", "min"):
                 return f"(Leaf {_q('unsupported reduction ' + op)})"
             for t in inputs:
@@ -680,8 +695,7 @@ class Encoder:
         (a value scaled twice once the scalings of its operands are moved to it: rules_scalars.py)."""
         factors = list(self._factors.values())
         facts = [product_fact(first, then) for first in factors for then in factors]
-        integers = sorted(self._integer_factors)
-        facts += [f"(scintprod {a} {b} {a * b})" for a in integers for b in integers if abs(a * b) < 2**31]
+        facts += integer_product_facts(sorted(self._integer_factors))
         return [fact for fact in facts if fact is not None]
 
     def finish(self) -> EncodedUnit:

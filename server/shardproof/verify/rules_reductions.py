@@ -144,8 +144,9 @@ _rule("division-is-share", "partial", "X / n is a 1/n share of X", '(rule ((= x 
 _rule(
     "share-of-share",
     "partial",
-    "(X * p / q) / n is a p / (q n) share",
-    '(rule ((frac X x p q) (= y (ScI "div" x n))) ((frac X y p (* q n))))',
+    "(X * p / q) / n is a p / m share with m = q n (the encoder's scintprod facts: computed in egglog, a "
+    "value equal to itself divided by n, as a folded constant 0 is, would make ever larger divisors)",
+    '(rule ((frac X x p q) (= y (ScI "div" x n)) (scintprod q n m)) ((frac X y p m)))',
 )
 _rule(
     "partial-unary-linear",

@@ -99,3 +99,27 @@ def product_fact(first: float, then: float) -> str | None:
         if product.startswith(form):
             return f"({relation} {a} {b} {product[len(form) : -1]})"
     return None
+
+
+_MOST_INTEGER_PRODUCTS = 1024  # (a b c) facts; the factors of real programs are few and small
+
+
+def integer_product_facts(integers: list[int]) -> list[str]:
+    """`(scintprod a b c)`, c = a * b, for a a product of up to two of the program's integer
+    factors and b one of them (a share of a share of a share: rules_reductions.py; a scaling of a
+    scaling: rules_scalars.py). Stated, never computed in egglog, so the products are finite."""
+    facts: list[str] = []
+    known, seen = set(integers), set()
+    for _ in range(2):
+        found = set()
+        for a in sorted(known):
+            for b in integers:
+                if (a, b) in seen or abs(a * b) >= 2**31:
+                    continue
+                seen.add((a, b))
+                facts.append(f"(scintprod {a} {b} {a * b})")
+                found.add(a * b)
+                if len(facts) >= _MOST_INTEGER_PRODUCTS:
+                    return facts
+        known |= found
+    return facts

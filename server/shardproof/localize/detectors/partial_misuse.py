@@ -116,20 +116,22 @@ def _partial_consumed(
                 found=f"{holds}, plus a value all-reduced already",
                 suggestion="remove this all-reduce: the sum it joins is all-reduced afterwards",
             )
-        if parameter is not None and reduction is not None:
+        # a value every rank holds in full (a parameter, a constant, a replicated activation)
+        added = parameter or _full_value(ctx, rank, other)
+        if added is not None and reduction is not None:
             return Discrepancy(
                 kind="bias-before-reduction",
-                message=f"{parameter} is added to a partial sum on every rank before the all-reduce, so it "
+                message=f"{added} is added to a partial sum on every rank before the all-reduce, so it "
                 f"is counted {_group_size(ctx, reduction)} times",
                 primary=ctx.rank_site(consumer),
                 reference=reference_site,
                 related=[s for s in [ctx.rank_site(reduction, "the all-reduce that sums the biases")] if s],
                 reference_node=ref_node.id,
                 parallel_nodes=[f"rank{rank}/{consumer.id}"],
-                expected=f"{parameter} added once, after the all-reduce",
-                found=f"{holds}, plus the full {parameter} on every rank",
-                suggestion=f"add {parameter} after the all-reduce (or add 1/world_size of it on every rank)",
-                details=ctx._fix("move-out", f"Add {parameter} after the all-reduce"),
+                expected=f"{added} added once, after the all-reduce",
+                found=f"{holds}, plus the full {added} on every rank",
+                suggestion=f"add {added} after the all-reduce (or add 1/world_size of it on every rank)",
+                details=ctx._fix("move-out", f"Add {added} after the all-reduce"),
             )
     movement = consumer.op in ("view", "permute", "slice", "cat", "expand")
     reduction = ctx.downstream_all_reduce(rank, consumer.id, kinds=("all_reduce", "reduce_scatter"))
@@ -296,3 +298,13 @@ def _group_size(ctx: Context, reduction: Node) -> int:
 
 def _fraction(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def _full_value(ctx: Context, rank: int, value: str) -> str | None:
+    """How to name a value that is not a parameter and that the rank holds in full: a constant it
+    makes, or a value equal to the reference's."""
+    if ctx._is_constant_like(rank, value):
+        return "a constant"
+    c = ctx.index.class_of(f"rank{rank}", value)
+    same = sorted(ctx.index.reference_values(c)) if c is not None else []
+    return ctx.ref_value_name(same[0]) if same else None
