@@ -14,6 +14,7 @@ scaling of bias shares come out of the builder's own calls, each with the user l
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -172,6 +173,52 @@ def _decode(layout: _Region, region: _Region) -> _Box | None:
         if starts[d] + (lengths[d] - 1) * steps[d] + 1 > layout.shape[d]:
             return None
     return _Box(tuple(starts), tuple(lengths), tuple(order), tuple(steps) if any(k > 1 for k in steps) else ())
+
+
+def _row_major(region: _Region) -> bool:
+    """Whether the region's elements are consecutive in row-major order (unit dims have any stride)."""
+    expected = 1
+    for size, step in zip(reversed(region.shape), reversed(region.stride), strict=True):
+        if size != 1 and step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _refined(layout: _Region, region: _Region) -> _Region | None:
+    """`layout` with its dims split where the region's strides fall inside them, so that each of the
+    region's dims walks one dim of it (a weight viewed as (parts, heads, head_dim, hidden) and
+    narrowed to some heads: in the weight's rows, runs of rows a period apart), or None.
+
+    A layout dim of stride S and size L is split at the strides of the region dims that fall in
+    it (multiples of S below S * L): into (S L / s1, s1 / s2, ..., sk / S), each a divisor of the
+    one before. Only the strides are cut points, not where a region dim's run ends, so a run of
+    consecutive rows stays one slice of one dim (the form the selection rules follow)."""
+    shape: list[int] = []
+    stride: list[int] = []
+    for size, step in zip(layout.shape, layout.stride, strict=True):
+        if size == 1 or step == 0:
+            shape.append(size)
+            stride.append(step)
+            continue
+        top = step * size
+        cuts = sorted(
+            {top, step}
+            | {
+                s
+                for n, s in zip(region.shape, region.stride, strict=True)
+                if n > 1 and step < s < top and s % step == 0
+            },
+            reverse=True,
+        )
+        for above, below in itertools.pairwise(cuts):
+            if above % below:
+                return None
+            shape.append(above // below)
+            stride.append(below)
+    if len(shape) == len(layout.shape):
+        return None  # nothing split: the plain decoding already said no
+    return _Region(layout.offset, tuple(shape), tuple(stride))
 
 
 def _read_box(
@@ -364,7 +411,20 @@ class ProvenanceTracker(TorchDispatchMode):
         if region == record.layout:
             return record.content()
         site = self._view_sites.get((_storage_key(tensor), region.offset, region.shape, region.stride))
+        whole = region.offset == record.layout.offset and math.prod(region.shape) == math.prod(record.layout.shape)
+        if whole and _row_major(record.layout) and _row_major(region):
+            # the whole of a contiguous storage read in another shape (a reshape that merges dims)
+            content = record.content()
+            source = content.source if isinstance(content, ViewOf) else content  # one view of a view
+            return ViewOf(source=source, shape=region.shape, dtype=_dtype(tensor), site=site)
         box = _decode(record.layout, region)
+        content, layout_shape = record.content(), record.layout.shape
+        if box is None:
+            refined = _refined(record.layout, region)
+            box = _decode(refined, region) if refined is not None else None
+            if box is not None and refined is not None:
+                content = ViewOf(source=content, shape=refined.shape, dtype=_dtype(tensor), site=site)
+                layout_shape = refined.shape
         if box is None:
             return Opaque(
                 op="strided view",
@@ -373,7 +433,7 @@ class ProvenanceTracker(TorchDispatchMode):
                 dtype=_dtype(tensor),
                 site=site,
             )
-        return _read_box(record.content(), record.layout.shape, box, tuple(tensor.shape), _dtype(tensor), site)
+        return _read_box(content, layout_shape, box, tuple(tensor.shape), _dtype(tensor), site)
 
     # -- dispatch -------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:

@@ -279,6 +279,14 @@ def _synchronous(remapped: Callable[..., Any]) -> Callable[..., Any]:
 def extended_collective_remaps() -> Iterator[None]:
     table = funcol.traceable_collective_remaps
     saved = dict(table)
+    # torch.distributed.nn.functional's differentiable collectives refuse to run while compiling
+    # (export counts as compiling); their forward is a copy and the in-place collective, which
+    # the remaps above make traceable
+    from torch.distributed.nn import functional as differentiable
+
+    refusal = getattr(differentiable, "_not_supported_under_compile", None)
+    if refusal is not None:
+        differentiable._not_supported_under_compile = lambda *args, **kwargs: None
     try:
         for legacy, remapped in saved.items():
             if legacy not in (dist.isend, dist.irecv, dist.batch_isend_irecv):
@@ -292,3 +300,5 @@ def extended_collective_remaps() -> Iterator[None]:
     finally:
         table.clear()
         table.update(saved)
+        if refusal is not None:
+            differentiable._not_supported_under_compile = refusal

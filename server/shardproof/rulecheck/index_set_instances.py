@@ -130,6 +130,33 @@ def _merged_inner(g: Gen, outer_selected: bool) -> dict[str, Any]:
 instance_and_near_miss("view-merge-inner-selection", _merged_inner)
 
 
+def _split_tiled(g: Gen, more_runs: bool) -> dict[str, Any]:
+    """A value (m * h, c) whose ranks select the range R of every h-long run, split to (m, h, c)
+    (a near miss holds one more run than the selection tiles: the outer sizes then differ)."""
+    m, h, c = g.int(2, 4), g.int(2, 5), g.int(2, 3)
+    lead = [g.int(2, 3)] if g.int(0, 1) else []
+    s = g.int(0, h - 1)
+    e = g.int(s + 1, h)
+    runs = m + 1 if more_runs else m
+    return {
+        "X": g.tensor(*lead, runs * h, c),
+        "RT": range_list([(s + i * h, e + i * h) for i in range(m)]),
+        "R": range_list([(s, e)]),
+        "s": s,
+        "e": e,
+        "h": h,
+        "m": m,
+        "n": e - s,
+        "di": -2,
+        "do": -3,
+        "s1": g.text((*lead, runs, h, c)),
+        "s2": g.text((*lead, m, e - s, c)),
+    }
+
+
+instance_and_near_miss("view-split-tiled-selection", _split_tiled)
+
+
 # -- contractions over index sets -------------------------------------------------------------------
 @instance("row-parallel-linear-over-index-set")
 def _(g: Gen) -> dict[str, Any]:

@@ -83,6 +83,17 @@ _rule(
     "((selp Y y do (RTile R h m))))",
 )
 
+_rule(
+    "view-split-tiled-selection",
+    "layout",
+    "splitting a dim into (m, h): the ranges R + i * h for every outer index i are the selection R of the inner "
+    "dim (heads merged into the batch dim for bmm, then split again; R lies within [0, h) because the last copy "
+    "ends inside the dim)",
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di RT) (= RT (RTile R h m)) (= R (RCons s e (RNil))) "
+    "(vsplit Y di do h k) (vsplit y di do n k) (= m (sz Y do))) "
+    "((sel Y y (+ do 1) R)))",
+)
+
 # ---------------------------------------------------------------------------------------------
 # contractions over an index set, and how its contribution travels
 # ---------------------------------------------------------------------------------------------

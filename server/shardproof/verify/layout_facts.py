@@ -84,6 +84,10 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
             (i_dim,), (o_dim,) = groups[k - 1]
             for iu in in_units:
                 fact("vmerge", (i_dim, iu), (o_dim, o_dim), i_dim - ni, o_dim - no, 1)
+            # and a unit output dim after it, a split with inner size 1 ([2, 8] -> [2, 1, 8] on a
+            # rank holding one head of the reference's [8, 8] -> [2, 4, 8])
+            for ou in out_units:
+                fact("vsplit", (i_dim, i_dim), (o_dim, ou), i_dim - ni, o_dim - no, 1)
         if k < len(groups) and len(groups[k][1]) == 1 < len(groups[k][0]):
             # a unit dim before a merge may be read as its outermost part ([1, 8, 32] -> [256] on
             # a rank holding one row of the reference's [4, 8, 32] -> [1024])
