@@ -21,6 +21,7 @@ import fnmatch
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -89,8 +90,13 @@ def _load(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"results": {}}
 
 
+# an error message names the files of this machine's environment: kept from site-packages on
+_INSTALL_PREFIX = re.compile(r"/[^\s'\"]*?/site-packages/")
+
+
 def _save(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    path.write_text(_INSTALL_PREFIX.sub("site-packages/", text))
 
 
 def _machine() -> str:

@@ -425,6 +425,9 @@ class Instance:
         if name == "vshape":  # a front-end fact: the value's shape, as the view's shape text writes it
             tensor, text = args
             return ",".join(str(n) for n in tensor.shape) == text
+        if name == "tiled":  # m copies of the range [s, e), the i-th shifted by i * h
+            ranges, start, end, period, copies = args
+            return meaning.indices(ranges) == [i * period + j for i in range(copies) for j in range(start, end)]
         if name == "ascending":
             selected = meaning.indices(args[0])
             return bool(selected) and meaning.ascending(selected)

@@ -103,6 +103,38 @@ def _(g: Gen) -> dict[str, Any]:
     return {"s": g.int(0, s2 - 1), "e": s2 + 1, "t": t, "s2": t[1], "e2": t[2], "t2": t[3]}
 
 
+def _tiled(g: Gen, near: bool, more: bool) -> dict[str, Any]:
+    """m copies of [s, e) with period h, as a plain list (its first range, then the rest); a near
+    miss makes the last copy one longer (not a copy)."""
+    h = g.int(3, 6)
+    s = g.int(0, h - 2)
+    e = g.int(s + 1, h - 1)
+    m = g.int(3, 4) if more else 2
+    copies = [(s + i * h, e + i * h) for i in range(m)]
+    if near:
+        copies[-1] = (copies[-1][0], copies[-1][1] + 1)
+    bound = {"r": range_list(copies), "s": s, "e": e}
+    if not more:
+        return bound | {"s2": copies[1][0], "e2": copies[1][1]}
+    return bound | {"t": range_list(copies[1:]), "s2": copies[1][0], "e2": copies[1][1], "h": h, "m": m - 1}
+
+
+instance_and_near_miss("range-tiled-two", lambda g, near: _tiled(g, near, more=False))
+
+
+@instance("range-tiled-more")
+def _(g: Gen) -> dict[str, Any]:
+    return _tiled(g, False, more=True)
+
+
+@near_miss("range-tiled-more")
+def _(g: Gen) -> dict[str, Any]:
+    # the first range one index closer to the copies than the period
+    bound = _tiled(g, False, more=True)
+    s, e = bound["s"] + 1, bound["e"] + 1
+    return bound | {"r": ("RCons", s, e, bound["t"]), "s": s, "e": e}
+
+
 # -- layout -----------------------------------------------------------------------------------------
 def _merged_inner(g: Gen, outer_selected: bool) -> dict[str, Any]:
     """A value (m, h, c) and a selection of its inner dim h, both merged to (m * h, c) (a near miss
@@ -130,31 +162,66 @@ def _merged_inner(g: Gen, outer_selected: bool) -> dict[str, Any]:
 instance_and_near_miss("view-merge-inner-selection", _merged_inner)
 
 
-def _split_tiled(g: Gen, more_runs: bool) -> dict[str, Any]:
+def _split_tiled(g: Gen, three_dims: bool) -> dict[str, Any]:
     """A value (m * h, c) whose ranks select the range R of every h-long run, split to (m, h, c)
-    (a near miss holds one more run than the selection tiles: the outer sizes then differ)."""
-    m, h, c = g.int(2, 4), g.int(2, 5), g.int(2, 3)
+    (a near miss splits it into three dims, (m, h1, h2): R is not a selection of h1)."""
+    m, c = g.int(2, 4), g.int(2, 3)
     lead = [g.int(2, 3)] if g.int(0, 1) else []
-    s = g.int(0, h - 1)
-    e = g.int(s + 1, h)
-    runs = m + 1 if more_runs else m
+    if three_dims:
+        h1, h2 = 2, 4
+        h, s, e = h1 * h2, 0, 4
+        inner: tuple[int, ...] = (h1, h2)
+        local: tuple[int, ...] = (2, 2)
+    else:
+        h = g.int(2, 5)
+        s = g.int(0, h - 1)
+        e = g.int(s + 1, h)
+        inner, local = (h,), (e - s,)
     return {
-        "X": g.tensor(*lead, runs * h, c),
+        "X": g.tensor(*lead, m * h, c),
         "RT": range_list([(s + i * h, e + i * h) for i in range(m)]),
-        "R": range_list([(s, e)]),
         "s": s,
         "e": e,
         "h": h,
         "m": m,
         "n": e - s,
         "di": -2,
-        "do": -3,
-        "s1": g.text((*lead, runs, h, c)),
-        "s2": g.text((*lead, m, e - s, c)),
+        "do": -3 - (len(inner) - 1),
+        "s1": g.text((*lead, m, *inner, c)),
+        "s2": g.text((*lead, m, *local, c)),
     }
 
 
 instance_and_near_miss("view-split-tiled-selection", _split_tiled)
+
+
+def _split_tiled_in_three(g: Gen, unaligned: bool) -> dict[str, Any]:
+    """A value (m * h1 * h2, c) whose ranks select a whole number of h2-runs of every h-long run,
+    split to (m, h1, h2, c) (a near miss selects runs that do not start at a multiple of h2)."""
+    m, h1, h2, c = g.int(2, 3), g.int(2, 4), g.int(2, 3), g.int(2, 3)
+    lead = [g.int(2, 3)] if g.int(0, 1) else []
+    h = h1 * h2
+    a = g.int(0, h1 - 2) if unaligned else g.int(0, h1 - 1)
+    b = g.int(a + 1, h1 - 1) if unaligned else g.int(a + 1, h1)
+    s, e = a * h2 + unaligned, b * h2 + unaligned  # (a near miss: one past the runs' starts)
+    return {
+        "X": g.tensor(*lead, m * h, c),
+        "RT": range_list([(s + i * h, e + i * h) for i in range(m)]),
+        "s": s,
+        "e": e,
+        "h": h,
+        "h1": h1,
+        "h2": h2,
+        "m": m,
+        "n": e - s,
+        "di": -2,
+        "do": -4,
+        "s1": g.text((*lead, m, h1, h2, c)),
+        "s2": g.text((*lead, m, (e - s) // h2, h2, c)),
+    }
+
+
+instance_and_near_miss("view-split-tiled-selection-in-three", _split_tiled_in_three)
 
 
 # -- contractions over index sets -------------------------------------------------------------------

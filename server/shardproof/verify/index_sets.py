@@ -70,6 +70,19 @@ _rule(
     "(rule ((= r (RCons s e t)) (= t (RCons s2 e2 t2)) (< s e) (<= e s2) (ascending t)) ((ascending r)))",
 )
 
+_rule(
+    "range-tiled-two",
+    "ranges",
+    "two ranges of one length, h apart, are two copies of the first with period h",
+    "(rule ((= r (RCons s e (RCons s2 e2 (RNil)))) (< s e) (< e s2) (= (- s2 s) (- e2 e))) ((tiled r s e (- s2 s) 2)))",
+)
+_rule(
+    "range-tiled-more",
+    "ranges",
+    "a range h before m copies of a range of its length with period h makes m + 1 copies",
+    "(rule ((= r (RCons s e t)) (tiled t s2 e2 h m) (= h (- s2 s)) (= h (- e2 e)) (< e s2)) ((tiled r s e h (+ m 1))))",
+)
+
 # ---------------------------------------------------------------------------------------------
 # layout: every k-th index, seen in the merged dim
 # ---------------------------------------------------------------------------------------------
@@ -86,12 +99,24 @@ _rule(
 _rule(
     "view-split-tiled-selection",
     "layout",
-    "splitting a dim into (m, h): the ranges R + i * h for every outer index i are the selection R of the inner "
-    "dim (heads merged into the batch dim for bmm, then split again; R lies within [0, h) because the last copy "
-    "ends inside the dim)",
-    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di RT) (= RT (RTile R h m)) (= R (RCons s e (RNil))) "
-    "(vsplit Y di do h k) (vsplit y di do n k) (= m (sz Y do))) "
-    "((sel Y y (+ do 1) R)))",
+    "splitting a dim into two, (m, h): the ranges R + i * h for every outer index i are the selection R of the "
+    "inner dim (heads merged into the batch dim for bmm, then split again; R lies within [0, h) because the last "
+    "copy ends inside the dim; a split into more dims has an inner product h larger than the next dim)",
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di RT) (tiled RT s e h m) "
+    "(vsplit Y di do h k) (vsplit y di do n k) (= m (sz Y do)) (= h (sz Y (+ do 1)))) "
+    "((sel Y y (+ do 1) (RCons s e (RNil)))))",
+)
+
+_rule(
+    "view-split-tiled-selection-in-three",
+    "layout",
+    "splitting a dim into three, (m, h1, h2): the ranges R + i * h for every outer index i (h = h1 h2, R a whole "
+    "number of h2-runs) are the selection R / h2 of the middle dim (keys and values concatenated per rank, "
+    "viewed as (2, heads, head_dim))",
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di RT) (tiled RT s e h m) "
+    "(vsplit Y di do h k) (vsplit y di do n k) (= m (sz Y do)) (= h1 (sz Y (+ do 1))) (= h2 (sz Y (+ do 2))) "
+    "(= h (* h1 h2)) (= h2 (sz y (+ do 2))) (= 0 (% s h2)) (= 0 (% e h2))) "
+    "((sel Y y (+ do 1) (RCons (/ s h2) (/ e h2) (RNil)))))",
 )
 
 # ---------------------------------------------------------------------------------------------

@@ -112,6 +112,7 @@ DECLARATIONS = r"""
 (relation coveri (T TSet Rg i64))
 (relation coverip (T TSet Rg i64))
 (relation ascending (Rg))
+(relation tiled (Rg i64 i64 i64 i64))
 (relation pmax (T T i64 i64 i64))
 (relation frac (T T i64 i64))
 (relation arin (T))

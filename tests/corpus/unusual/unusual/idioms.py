@@ -2,8 +2,9 @@
 equivalents; nothing is copied): Meta's Llama complex rotary embedding, Bloom's ALiBi scores
 through `baddbmm`, functional collectives (gpt-fast, torchtitan), `addmm` with a pre-scaled bias,
 an in-place bias after the all-reduce, Megatron's gather along the last dimension through the
-first, a two-pass layer norm over a hidden-sharded activation, and T5's relative position bias
-sharded by heads."""
+first, a two-pass layer norm over a hidden-sharded activation, T5's relative position bias
+sharded by heads and `scaled_dot_product_attention(enable_gqa=True)` with a fused key / value
+weight narrowed by heads."""
 
 from __future__ import annotations
 
@@ -312,3 +313,48 @@ def relative_bias_scores() -> RelativeBiasScores:
 
 def relative_bias_heads(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return RelativeBiasHeads(ref, rank, world_size)
+
+
+# -- grouped-query attention through sdpa's own grouping, keys and values fused -------------------
+class GqaSdpa(nn.Module):
+    KV_HEADS = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False)
+        self.kv = nn.Linear(HIDDEN, 2 * self.KV_HEADS * HEAD_DIM, bias=False)
+        self.o = nn.Linear(HEADS * HEAD_DIM, HIDDEN, bias=False)
+        self.heads, self.kv_heads = HEADS, self.KV_HEADS
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, HEAD_DIM).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, HEAD_DIM).unbind(2)
+        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        return self.o(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class GqaSdpaHeads(GqaSdpa):
+    """Each rank its query heads and their key / value heads: the fused weight viewed as (keys and
+    values, heads, head_dim, hidden) and narrowed to the rank's heads (2 ranks: one kv head each)."""
+
+    def __init__(self, ref: GqaSdpa, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.q.weight = _block(ref.q.weight, 0, rank, world_size)
+        kv = ref.kv.weight.view(2, self.KV_HEADS, HEAD_DIM, HIDDEN)
+        self.kv.weight = nn.Parameter(_block(kv, 1, rank, world_size).reshape(-1, HIDDEN))
+        self.o.weight = _block(ref.o.weight, 1, rank, world_size)
+        self.heads, self.kv_heads = HEADS // world_size, self.KV_HEADS // world_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        dist.all_reduce(out)
+        return out
+
+
+def gqa_sdpa() -> GqaSdpa:
+    return GqaSdpa()
+
+
+def gqa_sdpa_heads(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return GqaSdpaHeads(ref, rank, world_size)
