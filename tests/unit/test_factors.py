@@ -46,5 +46,5 @@ def test_broadcast_dims_are_keyed_by_the_rest_of_the_shape() -> None:
 
 def test_a_unit_dim_before_a_merge_is_its_outer_part() -> None:
     # one row of [4, 8, 32] flattened: the row's selection scales into the flat dim like the reference's
-    assert '(vmerge y -3 -1 256 "*,*,*->*")' in view_facts("y", (1, 8, 32), (256,))
-    assert '(vsplit y -1 -3 256 "*->*,*,*")' in view_facts("y", (256,), (1, 8, 32))
+    assert '(vmerge y -3 -1 256 "*,*,*->*" "1,8,32")' in view_facts("y", (1, 8, 32), (256,))
+    assert '(vsplit y -1 -3 256 "*->*,*,*" "256")' in view_facts("y", (256,), (1, 8, 32))

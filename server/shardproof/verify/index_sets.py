@@ -91,7 +91,8 @@ _rule(
     "layout",
     "merging dims (m, h) into one: a selection R of the inner dim takes R + i * h of the merged dim for every "
     "outer index i (every other row of a weight viewed as (rows / 2, 2) is the ranges 0, 2, 4, ...)",
-    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x dj R) (vmerge Y di do h k) (vmerge y di do n k) "
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x dj R) (vmerge Y di do h k sX) (vmerge y di do n k sx) "
+    "(vshape X sX) (vshape x sx) "
     "(= dj (+ di 1)) (= h (sz X dj)) (= n (sz x dj)) (= m (sz X di)) (= m (sz x di))) "
     "((selp Y y do (RTile R h m))))",
 )
@@ -103,7 +104,8 @@ _rule(
     "inner dim (heads merged into the batch dim for bmm, then split again; R lies within [0, h) because the last "
     "copy ends inside the dim; a split into more dims has an inner product h larger than the next dim)",
     "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di RT) (tiled RT s e h m) "
-    "(vsplit Y di do h k) (vsplit y di do n k) (= m (sz Y do)) (= h (sz Y (+ do 1)))) "
+    "(vsplit Y di do h k sX) (vsplit y di do n k sx) (vshape X sX) (vshape x sx) (= m (sz Y do)) "
+    "(= h (sz Y (+ do 1)))) "
     "((sel Y y (+ do 1) (RCons s e (RNil)))))",
 )
 
@@ -114,7 +116,8 @@ _rule(
     "number of h2-runs) are the selection R / h2 of the middle dim (keys and values concatenated per rank, "
     "viewed as (2, heads, head_dim))",
     "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di RT) (tiled RT s e h m) "
-    "(vsplit Y di do h k) (vsplit y di do n k) (= m (sz Y do)) (= h1 (sz Y (+ do 1))) (= h2 (sz Y (+ do 2))) "
+    "(vsplit Y di do h k sX) (vsplit y di do n k sx) (vshape X sX) (vshape x sx) (= m (sz Y do)) "
+    "(= h1 (sz Y (+ do 1))) (= h2 (sz Y (+ do 2))) "
     "(= h (* h1 h2)) (= h2 (sz y (+ do 2))) (= 0 (% s h2)) (= 0 (% e h2))) "
     "((sel Y y (+ do 1) (RCons (/ s h2) (/ e h2) (RNil)))))",
 )

@@ -24,7 +24,9 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
     movement rules carry a selection from one pair of views to another only when these agree,
     because a selection says the two values agree in every other dim. Two views of one value
     that keep its last dim but flatten the rest differently ([2, 16, 8] to [32, 8] and to
-    [2, 16, 1, 8]) are not selections of each other.
+    [2, 16, 1, 8]) are not selections of each other. Then the source's shape: a fact is stated
+    of the view's class, which may also hold views of sources of other shapes (a reshape of a
+    reshape); the rules apply it to a view whose source has this shape (`vshape`).
     """
     ni, no = len(in_shape), len(out_shape)
     facts: list[str] = unit_facts(name, in_shape, out_shape)
@@ -55,9 +57,11 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
     def outside(shape: tuple[int, ...], first: int, last: int) -> str:
         return ",".join("*" if first <= d <= last else str(size) for d, size in enumerate(shape))
 
+    source = ",".join(str(n) for n in in_shape)
+
     def fact(kind: str, inputs: tuple[int, int], outputs: tuple[int, int], *values: int) -> None:
         rest = f"{outside(in_shape, *inputs)}->{outside(out_shape, *outputs)}"
-        facts.append(f'({kind} {name} {" ".join(str(v) for v in values)} "{rest}")')
+        facts.append(f'({kind} {name} {" ".join(str(v) for v in values)} "{rest}" "{source}")')
 
     for gi, go in groups:
         span = (gi[0], gi[-1]), (go[0], go[-1])
@@ -126,13 +130,15 @@ def view_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
 
 
 def unit_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
-    """(vunit y d): view y only inserts a size-1 dim d into its source's shape (an unsqueeze, as
-    `stack` writes each of its pieces), so reducing y over d gives back the source; (vsqueeze y d):
-    view y only removes the size-1 dim d of its source (both d negative, in the longer shape)."""
+    """(vunit y d s): view y only inserts a size-1 dim d into its source's shape s (an unsqueeze,
+    as `stack` writes each of its pieces), so reducing y over d gives back a source of that shape;
+    (vsqueeze y d): view y only removes the size-1 dim d of its source (both d negative, in the
+    longer shape)."""
     facts = []
+    source = ",".join(str(n) for n in in_shape)
     for o in range(len(out_shape)):
         if out_shape[o] == 1 and tuple(out_shape[:o]) + tuple(out_shape[o + 1 :]) == tuple(in_shape):
-            facts.append(f"(vunit {name} {o - len(out_shape)})")
+            facts.append(f'(vunit {name} {o - len(out_shape)} "{source}")')
     for i in range(len(in_shape)):
         if in_shape[i] == 1 and tuple(in_shape[:i]) + tuple(in_shape[i + 1 :]) == tuple(out_shape):
             facts.append(f"(vsqueeze {name} {i - len(in_shape)})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "23"
+RULE_LIBRARY_VERSION = "24"
 
 
 @dataclass(frozen=True)
@@ -202,20 +202,23 @@ _rule(
     "view-keep",
     "layout",
     "a view that keeps a dim keeps its selection",
-    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vkeep Y di do k) (vkeep y di do k)) ((sel Y y do R)))",
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vkeep Y di do k sX) (vkeep y di do k sx) "
+    "(vshape X sX) (vshape x sx)) ((sel Y y do R)))",
 )
 _rule(
     "view-split",
     "layout",
     "splitting a dim (heads x head_dim): selections aligned to the inner size",
-    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vsplit Y di do h k) (vsplit y di do h k)) "
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vsplit Y di do h k sX) (vsplit y di do h k sx) "
+    "(vshape X sX) (vshape x sx)) "
     "((selp Y y do (RDiv R h))))",
 )
 _rule(
     "view-merge",
     "layout",
     "merging an outer dim into the next: selections scale by the inner size",
-    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vmerge Y di do h k) (vmerge y di do h k)) "
+    "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di R) (vmerge Y di do h k sX) (vmerge y di do h k sx) "
+    "(vshape X sX) (vshape x sx)) "
     "((selp Y y do (RMul R h))))",
 )
 _rule(
@@ -449,7 +452,7 @@ _rule(
     "normalization",
     "reducing (sum, mean, max, min, prod, logsumexp) over a size-1 dim a view only inserted gives back the "
     "view's source: each reduction of one element is that element",
-    "(rule ((= Y (Red f X d 0)) (= X (View x s)) (vunit X d) (unit-reduction f)) ((union Y x)))",
+    "(rule ((= Y (Red f X d 0)) (= X (View x s)) (vunit X d sx) (vshape x sx) (unit-reduction f)) ((union Y x)))",
 )
 _rule(
     "reduce-unit-dim-keepdim",
@@ -467,8 +470,9 @@ _rule(
 _rule(
     "squeeze-undoes-unsqueeze",
     "layout",
-    "removing the size-1 dim a view inserted gives back the view's source",
-    "(rule ((= y (View X sh)) (= X (View x sh0)) (vunit X d) (vsqueeze y d)) ((union y x)))",
+    "removing the size-1 dim a view inserted gives back the view's source (of the squeezed shape: the facts "
+    "about X hold for its class, which may hold views of other values of its shape)",
+    "(rule ((= y (View X sh)) (= X (View x sh0)) (vunit X d sh) (vsqueeze y d) (vshape x sh)) ((union y x)))",
 )
 _rule(
     "softmax-other-dim",

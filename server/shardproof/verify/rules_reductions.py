@@ -409,7 +409,8 @@ _rule(
     "loss",
     "local ids are computed elementwise: squeezing the local ids of unsqueezed targets gives the local ids of "
     "the targets",
-    "(rule ((localids l I s e) (= l2 (View l sh)) (vsqueeze l2 d) (= I (View I0 sh0)) (vunit I d)) "
+    "(rule ((localids l I s e) (= l2 (View l sh)) (vsqueeze l2 d) (= I (View I0 sh0)) (vunit I d sI) "
+    "(vshape I0 sI)) "
     "((localids l2 I0 s e)))",
 )
 _rule(
@@ -417,9 +418,9 @@ _rule(
     "loss",
     "as target-pick-is-partial, with the picks unsqueezed and zeroed by the mask of the unsqueezed targets "
     "(DTensor's masked partial): the contribution to the unsqueezed picks",
-    "(rule ((sel Z z d2 (RCons s e (RNil))) (localids l I s e) (= q (Pick z l d2)) (= qv (View q sh)) (vunit qv d) "
-    '(= Iv (View I shI)) (vunit Iv d) (outside mv Iv s e) (= y (Fill qv mv "0.0")) (= Y (Pick Z I d2)) '
-    "(= YV (View Y sh)) (= K (sz Z d2))) ((psum YV y s e K)))",
+    "(rule ((sel Z z d2 (RCons s e (RNil))) (localids l I s e) (= q (Pick z l d2)) (= qv (View q sh)) "
+    "(vunit qv d sq) (vshape q sq) (= Iv (View I shI)) (vunit Iv d sI) (vshape I sI) (outside mv Iv s e) "
+    '(= y (Fill qv mv "0.0")) (= Y (Pick Z I d2)) (= YV (View Y sh)) (= K (sz Z d2))) ((psum YV y s e K)))',
 )
 _rule(
     "target-whole-range-pick",
