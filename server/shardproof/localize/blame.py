@@ -188,8 +188,12 @@ class Blame:
             blocks = [s for s in scored if s not in per_part and s[0]]
             if blocks:
                 return [(k, ref_value, value) for _, k, ref_value, value in blocks], False
-        anchors = [s for s in scored if s[0]]
-        suspects = [s for s in scored if not s[0]]
+        # an input the ranks' selections tile (as one block each, or a block of every part) is a
+        # proper shard; one that two ranks hold alike (a per-rank table sliced from 0 on every
+        # rank) is what does not fit
+        proper = [s for s in scored if s[0] or self._tiles_per_part(s[2], aligned, s[1])]
+        anchors = proper
+        suspects = [s for s in scored if s not in proper]
         if anchors and suspects:
             return [(k, ref_value, value) for _, k, ref_value, value in suspects], False
         # Every input is a proper shard but they do not combine (a sequence shard meeting a
