@@ -1301,5 +1301,5 @@ def _(g: Gen) -> dict[str, Any]:
 
 # Instances of other concerns live in their own modules; importing registers them (and gives the
 # recipes above the helpers they share with the reductions' instances).
-from . import index_set_instances, permutation_instances, scalar_instances  # noqa: E402, F401
+from . import elementwise_instances, index_set_instances, permutation_instances, scalar_instances  # noqa: E402, F401
 from .reduction_instances import _logits_and_targets, _term_tiling, _two_partials, _vocab  # noqa: E402

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "24"
+RULE_LIBRARY_VERSION = "25"
 
 
 @dataclass(frozen=True)
@@ -282,6 +282,20 @@ _rule(
     "elementwise",
     "f(X)[R] = f(X[R]) for elementwise f",
     "(rule ((= Y (Un f X)) (= y (Un f x)) (sel X x d R)) ((sel Y y d R)))",
+)
+_rule(
+    "unary-of-view",
+    "elementwise",
+    "an elementwise op on a view of m is the view of the op on m (GPT-2's Conv1D views its output back to 3 "
+    "dims before the activation, a rank that stays flat does not)",
+    "(rule ((= n (Un f u)) (= u (View m sh)) (vshape m s0) (= k (nd m))) "
+    "((union n (View (Un f m) sh)) (set (nd (Un f m)) k) (vshape (Un f m) s0)))",
+)
+_rule(
+    "unary-keeps-sizes",
+    "elementwise",
+    "an elementwise op keeps its input's sizes",
+    "(rule ((= y (Un f x)) (= n (sz x d))) ((set (sz y d) n)))",
 )
 _rule(
     "scalar-keeps-selection",

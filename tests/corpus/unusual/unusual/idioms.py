@@ -358,3 +358,50 @@ def gqa_sdpa() -> GqaSdpa:
 
 def gqa_sdpa_heads(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return GqaSdpaHeads(ref, rank, world_size)
+
+
+# -- GPT-2's Conv1D (weight stored (in, out), addmm), Megatron-style column / row split ----------
+class Conv1D(nn.Module):
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n_in, n_out) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return out.view(*x.shape[:-1], -1)
+
+
+class Gpt2Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_fc, self.c_proj = Conv1D(HIDDEN, FFN), Conv1D(FFN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Gpt2MlpColumnsRows(nn.Module):
+    """Each rank the columns of c_fc (its weight's second dim) and the rows of c_proj, kept flat
+    (tokens x features) through the activation, viewed back to 3 dims only at the end."""
+
+    def __init__(self, ref: Gpt2Mlp, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.fc_w = _block(ref.c_fc.weight, 1, rank, world_size)
+        self.fc_b = _block(ref.c_fc.bias, 0, rank, world_size)
+        self.proj_w = _block(ref.c_proj.weight, 0, rank, world_size)
+        self.proj_b = nn.Parameter(ref.c_proj.bias.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(torch.addmm(self.fc_b, x.view(-1, HIDDEN), self.fc_w), approximate="tanh")
+        out = torch.mm(h, self.proj_w)
+        dist.all_reduce(out)
+        return (out + self.proj_b).view(*x.shape[:-1], -1)
+
+
+def gpt2_mlp() -> Gpt2Mlp:
+    return Gpt2Mlp()
+
+
+def gpt2_mlp_columns_rows(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return Gpt2MlpColumnsRows(ref, rank, world_size)

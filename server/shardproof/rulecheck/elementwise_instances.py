@@ -1,0 +1,30 @@
+"""Instances of the elementwise rules that move an op across a view (verify/rules.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..capture.lowering_tables import _UNARY
+from .harness import Gen
+from .instances import _shape, instance
+
+
+def _unary(g: Gen) -> str:
+    # (bitwise_not takes integers: the recipes here make floating tensors)
+    return g.pick(
+        [f for f in sorted(_UNARY) if f != "bitwise_not"] + [f"cast_{d}" for d in ("float32", "int64", "bool")]
+    )
+
+
+@instance("unary-of-view")
+def _(g: Gen) -> dict[str, Any]:
+    m = g.tensor(*_shape(g, g.int(1, 3)))
+    flat = m.numel()
+    shapes = [(flat,), (1, flat), (*m.shape, 1)] + ([(m.shape[0] * m.shape[1], *m.shape[2:])] if m.dim() > 1 else [])
+    return {"m": m, "f": _unary(g), "sh": g.text(g.pick(shapes)), "s0": g.text(tuple(m.shape)), "k": m.dim()}
+
+
+@instance("unary-keeps-sizes")
+def _(g: Gen) -> dict[str, Any]:
+    x = g.tensor(*_shape(g, g.int(1, 3)))
+    return {"x": x, "f": _unary(g), "d": g.int(-x.dim(), -1)}
