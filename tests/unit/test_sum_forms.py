@@ -102,3 +102,32 @@ def test_an_all_reduce_of_partial_chains_is_the_sum_of_all_their_terms() -> None
     reduced = p.values[rank0] + p.values[rank1]
     assert torch.allclose(reduced, sum(p.values[t] for t in ("$t0", "$t1", "$t2", "$t3")))
     assert p.forms.total_facts("(SumN (multiset-of $t0 $t1))", ["$t0", "$t1"]) == []  # nothing opened
+
+
+def test_an_all_reduce_of_chains_viewed_alike_is_that_view_of_all_their_terms() -> None:
+    # an expert-parallel rank accumulates flat (tokens, hidden) and views its sum back to the
+    # activation's shape before the all-reduce: the sum of the views is the view of the sum
+    p = Program()
+    chains = [
+        p.add(f"$r{r}b", p.add(f"$r{r}a", p.zeros(f"$z{r}"), p.leaf(f"$t{r}0")), p.leaf(f"$t{r}1")) for r in (0, 1)
+    ]
+    views = [f"$v{r}" for r in (0, 1)]
+    for view, chain in zip(views, chains, strict=True):
+        p.values[view] = p.values[chain].view(3, 2)
+        p.forms.note_view(view, chain, "3,2", _meta())
+    total = f"(SumN (multiset-of {' '.join(views)}))"
+    (fact,) = p.forms.total_facts(total, views)
+    assert fact == f'(union {total} (View (SumN (multiset-of $t00 $t01 $t10 $t11)) "3,2"))'
+    terms = sum(p.values[t] for t in ("$t00", "$t01", "$t10", "$t11"))
+    assert torch.allclose(p.values["$v0"] + p.values["$v1"], terms.view(3, 2))
+
+
+def test_views_of_other_shapes_or_of_plain_values_are_not_opened() -> None:
+    p = Program()
+    chain = p.add("$c1", p.add("$c0", p.zeros("$z"), p.leaf("$a")), p.leaf("$b"))
+    p.forms.note_view("$v0", chain, "3,2", _meta())
+    p.forms.note_view("$v1", chain, "6", _meta())
+    assert p.forms.total_facts("$total", ["$v0", "$v1"]) == []  # two different views
+    p.forms.note_view("$w0", p.leaf("$x"), "3,2", _meta())
+    p.forms.note_view("$w1", p.leaf("$y"), "3,2", _meta())
+    assert p.forms.total_facts("$total", ["$w0", "$w1"]) == []  # nothing to open: the views are the terms

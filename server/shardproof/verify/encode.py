@@ -331,6 +331,8 @@ class Encoder:
             self.let(name, f"(Cat {ins[0]} {inner} {a['dim']})", meta)
         elif op == "view":
             self.let(name, f"(View {ins[0]} {_q(_shape_text(meta.shape))})", meta)
+            if own_inputs and not self.factor_out and ins[0] in self.meta_of:
+                self.sums.note_view(name, ins[0], _shape_text(meta.shape), self.meta_of[ins[0]])
             self.commands.extend(view_facts(name, self.meta_of[ins[0]].shape, meta.shape))
             self.commands.append(f"(vshape {ins[0]} {_q(_shape_text(self.meta_of[ins[0]].shape))})")
             for source, dim, times in self._repeat_patterns(graph, node) if own_inputs else ():

@@ -28,6 +28,8 @@ class SumForms:
     terms: dict[str, tuple[str, ...]] = field(default_factory=dict)  # an opened addition -> its terms
     _inner: set[str] = field(default_factory=set)  # opened additions that another one opens
     _plain: set[str] = field(default_factory=set)  # opened additions whose terms are their operands
+    # a view -> (its source, its shape text, the source's shape and dtype)
+    views: dict[str, tuple[str, str, tuple[int, ...], str]] = field(default_factory=dict)
 
     def add_zero(self, term: str) -> None:
         self.zeros.add(term)
@@ -41,6 +43,10 @@ class SumForms:
         self._inner.update(operand for operand in operands if operand in self.terms)
         if parts == tuple(operands):
             self._plain.add(term)
+
+    def note_view(self, term: str, source: str, shape: str, source_meta: TensorMeta) -> None:
+        """Record `term = source.view(shape)`: a view of sums is the sum of the views."""
+        self.views[term] = (source, shape, tuple(source_meta.shape), source_meta.dtype)
 
     def terms_of(self, value: str) -> tuple[str, ...]:
         """The terms a value adds up (itself unless it is an opened addition; none for zeros)."""
@@ -65,6 +71,15 @@ class SumForms:
         """An all-reduce's `total` of `inputs` equals the sum of all their terms (nothing when no
         input is an opened addition or a zero: then the terms are the inputs)."""
         parts = tuple(t for value in inputs for t in self.terms_of(value))
+        viewed = [self.views.get(value) for value in inputs]
+        if parts == tuple(inputs) and all(viewed) and len({v[1:] for v in viewed if v}) == 1:
+            # every input is the same view of a value of one shape (a chain viewed back to the
+            # activation's shape before its all-reduce): the total is that view of all their terms
+            sources = [v[0] for v in viewed if v]
+            inner = tuple(t for source in sources for t in self.terms_of(source))
+            if inner != tuple(sources) and inner:
+                sum_term = inner[0] if len(inner) == 1 else f"(SumN (multiset-of {' '.join(inner)}))"
+                return [f'(union {total} (View {sum_term} "{viewed[0][1]}"))']
         return [] if parts == tuple(inputs) else _equal(total, parts)
 
 

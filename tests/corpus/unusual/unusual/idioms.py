@@ -405,3 +405,49 @@ def gpt2_mlp() -> Gpt2Mlp:
 
 def gpt2_mlp_columns_rows(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return Gpt2MlpColumnsRows(ref, rank, world_size)
+
+
+# -- Mixtral-style experts: top-k routing, flat tokens, experts split over ranks -------------------
+class TopKExperts(nn.Module):
+    EXPERTS, TOP = 4, 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(HIDDEN, self.EXPERTS, bias=False)
+        self.w_in = nn.Parameter(torch.randn(self.EXPERTS, FFN, HIDDEN) * 0.1)
+        self.w_out = nn.Parameter(torch.randn(self.EXPERTS, HIDDEN, FFN) * 0.1)
+        self.experts = range(self.EXPERTS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.view(-1, HIDDEN)
+        weights, chosen = torch.topk(F.softmax(self.router(flat), dim=-1), self.TOP, dim=-1)
+        out = torch.zeros_like(flat)
+        for e in self.experts:
+            gate = (weights * (chosen == e).to(flat.dtype)).sum(dim=-1, keepdim=True)
+            out = out + gate * F.linear(F.silu(F.linear(flat, self.w_in[e])), self.w_out[e])
+        return out.view_as(x)
+
+
+class TopKExpertsPerRank(TopKExperts):
+    """Each rank its block of experts (the router and the weights in full), the sum of its experts'
+    outputs viewed back to the activation's shape, then one all-reduce."""
+
+    def __init__(self, ref: TopKExperts, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.router.weight = nn.Parameter(ref.router.weight.clone())
+        self.w_in, self.w_out = nn.Parameter(ref.w_in.clone()), nn.Parameter(ref.w_out.clone())
+        count = self.EXPERTS // world_size
+        self.experts = range(rank * count, (rank + 1) * count)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        dist.all_reduce(out)
+        return out
+
+
+def top_k_experts() -> TopKExperts:
+    return TopKExperts()
+
+
+def top_k_experts_per_rank(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return TopKExpertsPerRank(ref, rank, world_size)
