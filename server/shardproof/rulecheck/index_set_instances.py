@@ -3,6 +3,7 @@ every k-th row, and the contributions of such sets to a reduction."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .harness import Gen
@@ -162,21 +163,19 @@ def _merged_inner(g: Gen, outer_selected: bool) -> dict[str, Any]:
 instance_and_near_miss("view-merge-inner-selection", _merged_inner)
 
 
-def _split_tiled(g: Gen, three_dims: bool) -> dict[str, Any]:
-    """A value (m * h, c) whose ranks select the range R of every h-long run, split to (m, h, c)
-    (a near miss splits it into three dims, (m, h1, h2): R is not a selection of h1)."""
-    m, c = g.int(2, 4), g.int(2, 3)
-    lead = [g.int(2, 3)] if g.int(0, 1) else []
-    if three_dims:
-        h1, h2 = 2, 4
-        h, s, e = h1 * h2, 0, 4
-        inner: tuple[int, ...] = (h1, h2)
-        local: tuple[int, ...] = (2, 2)
-    else:
-        h = g.int(2, 5)
-        s = g.int(0, h - 1)
-        e = g.int(s + 1, h)
-        inner, local = (h,), (e - s,)
+def _tiled_split(
+    g: Gen,
+    lead: list[int],
+    m: int,
+    c: int,
+    run: tuple[int, int],
+    inner: tuple[int, ...],
+    local: tuple[int, ...],
+) -> dict[str, Any]:
+    """The bindings of a split of a (m * h, c) value into (m, *inner, c), h the product of `inner`,
+    whose ranks hold the range `run` of every h-long run, split alike into (m, *local, c)."""
+    s, e = run
+    h = math.prod(inner)
     return {
         "X": g.tensor(*lead, m * h, c),
         "RT": range_list([(s + i * h, e + i * h) for i in range(m)]),
@@ -186,10 +185,27 @@ def _split_tiled(g: Gen, three_dims: bool) -> dict[str, Any]:
         "m": m,
         "n": e - s,
         "di": -2,
-        "do": -3 - (len(inner) - 1),
+        "do": -2 - len(inner),
         "s1": g.text((*lead, m, *inner, c)),
         "s2": g.text((*lead, m, *local, c)),
     }
+
+
+def _split_tiled(g: Gen, three_dims: bool) -> dict[str, Any]:
+    """A value (m * h, c) whose ranks select the range R of every h-long run, split to (m, h, c)
+    (a near miss splits it into three dims, (m, h1, h2): R is not a selection of h1)."""
+    m, c = g.int(2, 4), g.int(2, 3)
+    lead = [g.int(2, 3)] if g.int(0, 1) else []
+    if three_dims:
+        s, e = 0, 4
+        inner: tuple[int, ...] = (2, 4)
+        local: tuple[int, ...] = (2, 2)
+    else:
+        h = g.int(2, 5)
+        s = g.int(0, h - 1)
+        e = g.int(s + 1, h)
+        inner, local = (h,), (e - s,)
+    return _tiled_split(g, lead, m, c, (s, e), inner, local)
 
 
 instance_and_near_miss("view-split-tiled-selection", _split_tiled)
@@ -200,25 +216,10 @@ def _split_tiled_in_three(g: Gen, unaligned: bool) -> dict[str, Any]:
     split to (m, h1, h2, c) (a near miss selects runs that do not start at a multiple of h2)."""
     m, h1, h2, c = g.int(2, 3), g.int(2, 4), g.int(2, 3), g.int(2, 3)
     lead = [g.int(2, 3)] if g.int(0, 1) else []
-    h = h1 * h2
     a = g.int(0, h1 - 2) if unaligned else g.int(0, h1 - 1)
     b = g.int(a + 1, h1 - 1) if unaligned else g.int(a + 1, h1)
     s, e = a * h2 + unaligned, b * h2 + unaligned  # (a near miss: one past the runs' starts)
-    return {
-        "X": g.tensor(*lead, m * h, c),
-        "RT": range_list([(s + i * h, e + i * h) for i in range(m)]),
-        "s": s,
-        "e": e,
-        "h": h,
-        "h1": h1,
-        "h2": h2,
-        "m": m,
-        "n": e - s,
-        "di": -2,
-        "do": -4,
-        "s1": g.text((*lead, m, h1, h2, c)),
-        "s2": g.text((*lead, m, (e - s) // h2, h2, c)),
-    }
+    return _tiled_split(g, lead, m, c, (s, e), (h1, h2), ((e - s) // h2, h2)) | {"h1": h1, "h2": h2}
 
 
 instance_and_near_miss("view-split-tiled-selection-in-three", _split_tiled_in_three)
