@@ -424,20 +424,22 @@ def verify_memoized(
     for unit, parts in zip(captured.units, template_parts, strict=True):
         own = proofs[position : position + (len(parts) if parts is not None else 1)]
         position += len(own)
-        if parts is not None and not all(
-            proof.index is not None and proven(part, proof.index) for part, proof in zip(parts, own, strict=True)
-        ):
-            return None
         last = own[-1]  # the template whole, or its last part: the one holding its outputs
         index = last.index
-        if index is None or not all(
-            block_contracts.guaranteed(contract, index, last.reference, rank)
-            for contract, rank in zip(unit.contracts, last.ranks, strict=True)
+        parts_proven = parts is None or all(
+            proof.index is not None and proven(part, proof.index) for part, proof in zip(parts, own, strict=True)
+        )
+        if not parts_proven or (
+            index is None
+            or not all(
+                block_contracts.guaranteed(contract, index, last.reference, rank)
+                for contract, rank in zip(unit.contracts, last.ranks, strict=True)
+            )
         ):
-            return None
+            return _not_proven(captured, unit, capture, check, world_size, sandbox, progress, seconds, stats, start)
     outputs = proofs[-1].outputs(check.outputs)
     if outputs is None:
-        return None
+        return _not_proven(captured, None, capture, check, world_size, sandbox, progress, seconds, stats, start)
     seconds["verification"] = time.perf_counter() - start
     stats |= {
         "reference_nodes": len(captured.reference.skeleton.nodes),
@@ -447,6 +449,43 @@ def verify_memoized(
     summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct"
     summary += f", {len(sharded)} of them entered sharded)" if sharded else ")"
     return WorldSizeResult(world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats)
+
+
+def _not_proven(
+    captured: object,
+    failed: object,
+    capture: CheckCapture,
+    check: Check,
+    world_size: int,
+    sandbox: Sandbox,
+    progress: ProgressFn,
+    seconds: dict[str, float],
+    stats: dict[str, object],
+    start: float,
+) -> WorldSizeResult | None:
+    """A memoized run not proven: None (the plain run decides), or for a model too large to run
+    with real numbers, the failed unit localized (memoized_failure.py)."""
+    from . import memoized_failure
+    from .capture.memoized import MemoizedCapture, TemplateUnit
+
+    assert isinstance(captured, MemoizedCapture)
+    elements = memoized_failure.too_large_for_numbers(captured)
+    if elements is None:
+        return None
+    progress(check.name, world_size, "localization")
+    stats = stats | {"parameter_elements": elements}
+
+    def prove(units: list[Unit]) -> list[UnitProof]:
+        return prove_units(sandbox, check, units)
+
+    if isinstance(failed, TemplateUnit):
+        found = memoized_failure.localize_template(
+            captured, failed, check, capture.project, world_size, prove, seconds, stats
+        )
+    else:
+        found = memoized_failure.localize_skeleton(captured, check, capture.project, world_size, prove, seconds, stats)
+    seconds["verification"] = time.perf_counter() - start
+    return found
 
 
 @dataclass

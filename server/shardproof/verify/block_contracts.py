@@ -190,6 +190,30 @@ def with_own_calls(graph: Graph, by_template: dict[str, Contract]) -> Graph:
     return dataclasses.replace(graph, nodes=nodes) if changed else graph
 
 
+def with_unrelated_calls(graph: Graph, template: str) -> Graph:
+    """A rank's skeleton whose calls of `template` are an operation of the rank's own, with no
+    law: nothing the template was to guarantee is assumed of them (see memoized_failure.py)."""
+    if graph.rank is None:
+        return graph
+    target = f"{BLOCK_TARGET} {template} on rank {graph.rank}, not proven"
+    nodes = [
+        dataclasses.replace(node, attrs={**node.attrs, "target": target}) if template_of(node) == template else node
+        for node in graph.nodes
+    ]
+    return dataclasses.replace(graph, nodes=nodes)
+
+
+def calls_of(graph: Graph, template: str) -> list[Node]:
+    """The calls of `template` in a skeleton, in program order."""
+    return [node for node in graph.nodes if template_of(node) == template]
+
+
+def call_key(node: Node) -> str:
+    """A block call's key, `template|path` (its last literal argument)."""
+    args = node.attrs.get("args") or []
+    return str(args[-1]) if args else ""
+
+
 def rules(contract: Contract) -> list[str]:
     """The contract's law as egglog rules, one per output (see the module docstring). The
     instance's literal arguments (template and path) are matched as `A`, the same in both calls."""
