@@ -69,6 +69,13 @@ class EncodedUnit:
     law_targets: frozenset[str] = frozenset()
 
 
+def _joined(shapes: list[tuple[int, ...]], dim: int, dtype: str) -> TensorMeta:
+    """The meta of the concatenation of values of `shapes` along `dim` (negative)."""
+    shape = list(shapes[0])
+    shape[len(shape) + dim] = sum(s[len(s) + dim] for s in shapes)
+    return TensorMeta(tuple(shape), dtype)
+
+
 class Encoder:
     def __init__(self) -> None:
         self.commands: list[str] = []
@@ -79,6 +86,9 @@ class Encoder:
         self._names: dict[tuple[str, str], str] = {}
         self._taken: set[str] = set()
         self.factless: set[str] = set()  # terms given no shape or `node` facts (see encode_unit)
+        self._let_terms: dict[tuple[str, tuple[int, ...], str], str] = {}  # (term, shape, dtype) -> name (`let`)
+        self._same_as: dict[str, str] = {}  # a name let to an equal term's name -> that name
+        self._fresh_names: set[str] = set()  # names made by `_fresh`
         self.dtypes: set[str] = set()
         self.issues: list[CollectiveIssue] = []
         # all-to-all / all-gather results and the views and permutes of them, per receiving rank
@@ -114,22 +124,46 @@ class Encoder:
             self._taken.add(name)
         return name
 
-    def _fresh(self, hint: str) -> str:
+    def _fresh(self, hint: str, read_from_let: bool = True) -> str:
+        """A new name; `read_from_let`: its users read it from what `let` returns (so an equal
+        term let before stands for it with no command), else they use it as given."""
         self._counter += 1
-        return f"$t{self._counter}_{_SAFE.sub('_', hint)[:24]}"
+        name = f"$t{self._counter}_{_SAFE.sub('_', hint)[:24]}"
+        if read_from_let:
+            self._fresh_names.add(name)
+        return name
 
     def let(self, name: str, term: str, meta: TensorMeta) -> str:
+        """Let `name` be `term`, with its shape facts; returns the name to build on. A term already
+        let under another name with its facts is that name's e-class (egglog hash-conses terms):
+        `name` is let to it, and the other name returned and bound (`bind`), so that terms built
+        on it are equal text too (every rank's copy of one all-gather and all that is computed
+        from it), and its facts are not stated again (egglog 13 spends 40-170 us on each command)."""
+        key = (term, tuple(meta.shape), meta.dtype)
+        known = self._let_terms.get(key)
+        if known is not None and known != name:
+            if name not in self._fresh_names:  # a fresh name is only ever read from what this returns
+                self.commands.append(f"(let {name} {known})")
+                self.meta_of[name] = meta
+            self._same_as[name] = known
+            return known
         self.commands.append(f"(let {name} {term})")
         self.meta_of[name] = meta
         if name in self.factless:
             return name
+        self._let_terms[key] = name
         nd = len(meta.shape)
         self.commands.append(f"(set (nd {name}) {nd})")
         for i, size in enumerate(meta.shape):
             self.commands.append(f"(set (sz {name} {i - nd}) {size})")
         return name
 
+    def same_as(self, name: str) -> str:
+        """The name terms are built on for `name` (itself, unless `let` found its term let before)."""
+        return self._same_as.get(name, name)
+
     def bind(self, graph: Graph, value_id: str, name: str) -> None:
+        name = self.same_as(name)
         self.term_of[(graph.name, value_id)] = name
         if name not in self.factless:
             self.commands.append(f"(node {name} {_q(graph.name + '/' + value_id)})")
@@ -197,15 +231,24 @@ class Encoder:
 
     # -- structural helpers shared by graphs and provenance ------------------------------------------
     def _cat(self, parts: list[str], shapes: list[tuple[int, ...]], dim: int, dtype: str) -> str:
-        """Right-nested binary concatenation."""
-        current, current_shape = parts[-1], list(shapes[-1])
-        nd = len(current_shape)
-        for part, shape in zip(reversed(parts[:-1]), reversed(shapes[:-1]), strict=True):
-            new_shape = list(shape)
-            new_shape[nd + dim] = shape[nd + dim] + current_shape[nd + dim]
-            current = self.let(self._fresh("cat"), f"(Cat {part} {current} {dim})", TensorMeta(tuple(new_shape), dtype))
-            current_shape = new_shape
-        return current
+        """Binary concatenation, nested as a balanced tree (see `_cat_halves`)."""
+        if len(parts) == 1:
+            return parts[0]
+        left, right = self._cat_halves(parts, shapes, dim, dtype)
+        return self.let(self._fresh("cat"), f"(Cat {left} {right} {dim})", _joined(shapes, dim, dtype))
+
+    def _cat_halves(self, parts: list[str], shapes: list[tuple[int, ...]], dim: int, dtype: str) -> tuple[str, str]:
+        """The two operands of the outer binary concatenation of `parts` (at least two): the first
+        half and the second, each concatenated the same way. A balanced tree is log n deep where
+        a nested list is n deep, and the rules reach a piece of it (a slice of one rank's share of
+        an all-gather of n ranks) one level per iteration: n iterations over an e-graph holding
+        every rank's pieces was the cost of gathering over 64 ranks. Up to three parts it is the
+        list's nesting (a, (b, c))."""
+        middle = len(parts) // 2
+        return (
+            self._cat(parts[:middle], shapes[:middle], dim, dtype),
+            self._cat(parts[middle:], shapes[middle:], dim, dtype),
+        )
 
     def _view(self, src: str, src_shape: tuple[int, ...], meta: TensorMeta) -> str:
         name = self.let(self._fresh("view"), f"(View {src} {_q(_shape_text(meta.shape))})", meta)
@@ -327,22 +370,22 @@ class Encoder:
             self.let(name, f"(Slice {ins[0]} {a['dim']} {a['start']} {a['end']})", meta)
         elif op == "cat":
             shapes = [self.meta_of[i].shape for i in ins]
-            inner = self._cat(ins[1:], shapes[1:], a["dim"], meta.dtype) if len(ins) > 2 else ins[1]
-            self.let(name, f"(Cat {ins[0]} {inner} {a['dim']})", meta)
+            left, right = self._cat_halves(ins, shapes, a["dim"], meta.dtype)
+            self.let(name, f"(Cat {left} {right} {a['dim']})", meta)
         elif op == "view":
             self.let(name, f"(View {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             if own_inputs and not self.factor_out and ins[0] in self.meta_of:
-                self.sums.note_view(name, ins[0], _shape_text(meta.shape), self.meta_of[ins[0]])
+                self.sums.note_view(self.same_as(name), ins[0], _shape_text(meta.shape), self.meta_of[ins[0]])
             self.commands.extend(view_facts(name, self.meta_of[ins[0]].shape, meta.shape))
             self.commands.append(f"(vshape {ins[0]} {_q(_shape_text(self.meta_of[ins[0]].shape))})")
             for source, dim, times in self._repeat_patterns(graph, node) if own_inputs else ():
                 # The chain is repeat_interleave: state the identity so the repeat rules apply.
                 self.commands.append(f"(union {name} (Rep {self.term(graph, source)} {dim} {times}))")
-                self.permutations.note_repeat(name, self.term(graph, source), dim, times)
+                self.permutations.note_repeat(self.same_as(name), self.term(graph, source), dim, times)
         elif op == "permute":
             self.let(name, f"(Permute {ins[0]} {_q(_shape_text(a['perm']))})", meta)
             self._permutation_facts(list(a["perm"]))
-            self.permutations.note_permute(name, ins[0], list(a["perm"]))
+            self.permutations.note_permute(self.same_as(name), ins[0], list(a["perm"]))
         elif op == "expand":
             self.let(name, f"(Expand {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             self.commands.extend(expand_facts(name, self.meta_of[ins[0]].shape, meta.shape))
@@ -363,7 +406,7 @@ class Encoder:
         elif op == "binary":
             self.let(name, f"(Bin {_q(a['fn'])} {ins[0]} {ins[1]})", meta)
             if a["fn"] == "add" and own_inputs and not self.factor_out and all(i in self.meta_of for i in ins):
-                self.sums.note_addition(name, ins, [self.meta_of[i] for i in ins], meta)
+                self.sums.note_addition(self.same_as(name), ins, [self.meta_of[i] for i in ins], meta)
         elif op == "where":
             self.let(name, f"(Where {ins[0]} {ins[1]} {ins[2]})", meta)
         elif op == "fill":
@@ -394,7 +437,7 @@ class Encoder:
         elif op == "constant":
             self.let(name, f"(Const {_q(a['digest'])})", meta)
             if a.get("zero"):
-                self.sums.add_zero(name)
+                self.sums.add_zero(self.same_as(name))
         elif op == "uninitialized":
             self.let(name, f"(Leaf {_q(graph.name + '/' + node.id)})", meta)
         else:
@@ -435,7 +478,7 @@ class Encoder:
         if op == "reduce" and a["fn"] == "mean":
             count = self.meta_of[terms[0]].shape[a["dim"]]
             summed = dataclasses.replace(node, attrs={**a, "fn": "sum"})
-            core = self._fresh("core")
+            core = self._fresh("core", read_from_let=False)
             self.node_term(graph, summed, core, ins=[terms[0]])
             self._state_scaled(graph, node, name, core, factors[0] / count)
             return True
@@ -451,7 +494,7 @@ class Encoder:
                 if f != factor:
                     meta = self.meta_of[terms[i]]
                     terms[i] = self.let(self._fresh("ratio"), self._scaled(terms[i], f / factor), meta)
-        core = self._fresh("core")
+        core = self._fresh("core", read_from_let=False)
         self.node_term(graph, node, core, ins=terms)
         self._state_scaled(graph, node, name, core, factor)
         return True
@@ -585,8 +628,8 @@ class Encoder:
     def _inline_cat(self, parts: list[str], metas: list[TensorMeta], dim: int) -> str:
         if len(parts) == 1:
             return parts[0]
-        inner = self._cat(parts[1:], [m.shape for m in metas[1:]], dim, metas[0].dtype) if len(parts) > 2 else parts[1]
-        return f"(Cat {parts[0]} {inner} {dim})"
+        left, right = self._cat_halves(parts, [m.shape for m in metas], dim, metas[0].dtype)
+        return f"(Cat {left} {right} {dim})"
 
     def _all_to_all(
         self,
@@ -708,7 +751,10 @@ class Encoder:
         self.commands.append(casts_are_linear(self.dtypes))
         self.commands.extend(self.sums.chain_facts())
         factors = {key: factor for key, (_, factor) in self.scaled.items()}
-        return EncodedUnit(self.commands, self.term_of, self.issues, len(self.meta_of), factors)
+        # a fact stated again is the same fact (every rank states what an all-reduce's inputs
+        # are); a `let` is never repeated (each name is let once)
+        commands = list(dict.fromkeys(self.commands))
+        return EncodedUnit(commands, self.term_of, self.issues, len(self.meta_of), factors)
 
 
 def _mismatch(
