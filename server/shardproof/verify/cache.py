@@ -104,10 +104,12 @@ def _write(path: Path, text: str) -> None:
 def _rule_library() -> str:
     """The declarations and every rule's text: a saturation is computed by exactly these (a rule
     changed without a new library version must not reuse what the old one saturated)."""
-    from . import rules
+    from . import rules, statements
     from .language import DECLARATIONS
 
-    text = "\n".join((RULE_LIBRARY_VERSION, DECLARATIONS, rules.program_text(), rules.schedule(1)))
+    text = "\n".join(
+        (RULE_LIBRARY_VERSION, DECLARATIONS, rules.program_text(), statements.declarations(), rules.schedule(1))
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 

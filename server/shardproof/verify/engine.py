@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import rules
+from . import rules, statements
 from .egglog_adapter import EgglogError, EGraph
 from .language import DECLARATIONS
 
@@ -84,7 +84,8 @@ def saturate(commands: list[str], max_iterations: int, max_seconds: float, max_r
     try:
         egraph.run_text(DECLARATIONS)
         egraph.run_text(rules.program_text())
-        egraph.load(commands)
+        egraph.run_text(statements.declarations())
+        egraph.load(statements.compact(commands))
     except EgglogError as exc:
         return Saturation("egglog-error", 0, time.perf_counter() - start, 0, f"loading the unit: {exc}")
     loaded = time.perf_counter()
