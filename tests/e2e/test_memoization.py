@@ -540,3 +540,18 @@ def test_a_layer_reducing_with_max_among_layers_reducing_with_sum_is_not_verifie
     project = _deep_project(tmp_path, source, "[2]")
     (outcome,) = verify_check(project.check("deep"), project, [2], sandbox, numeric_witness=False).results
     assert outcome.verdict != "verified", outcome.summary
+
+
+def test_a_layer_the_ranks_compute_another_way_is_a_template_of_its_own(tmp_path: Path, sandbox) -> None:
+    # the ranks' layer 4 spells its down projection as a matmul with the transposed weight (right,
+    # and recorded apart from the other layers, which the reference records alike): two templates
+    source = ONE_LAYER_WRONG.replace(
+        "        if self.index != 4:\n            dist.all_reduce(partial)\n",
+        "        if self.index == 4:\n            partial = torch.relu(F.linear(x, self.up)) @ self.down.t()\n"
+        "        dist.all_reduce(partial)\n",
+    )
+    assert source != ONE_LAYER_WRONG
+    project = _deep_project(tmp_path, source, "[2, 4]")
+    result = verify_check(project.check("deep"), project, None, sandbox)
+    assert [r.verdict for r in result.results] == ["verified", "verified"], [r.summary for r in result.results]
+    assert all(r.stats["templates"] == 2 and r.stats["block_instances"] == 6 for r in result.results)

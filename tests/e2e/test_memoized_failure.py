@@ -111,3 +111,19 @@ def test_a_correct_model_whose_blocks_hand_on_partial_sums_is_not_called_wrong(t
     assert "--no-memoize" in outcome.summary
     (plain,) = verify_check(check, project, [2], sandbox, memoize=False).results
     assert plain.verdict == "verified", plain.summary
+
+
+def test_a_mistake_in_one_layer_of_many_is_found_in_that_layer(tmp_path: Path, sandbox) -> None:
+    # layer 4 of 6 skips its all-reduce: the ranks record it apart from the others (the reference
+    # does not), so it is a template of its own in every program, and the one that fails
+    source = _large(ONE_LAYER_WRONG)
+    project = _deep_project(tmp_path, source, "[2]")
+    check = project.check("deep")
+    memoized = verify_check(check, project, [2], sandbox)
+    (outcome,) = memoized.results
+    assert outcome.stats["localized_in"].startswith("block layers.4 (one template for 1 repeated blocks)")
+    (finding,) = outcome.unproven
+    assert (finding.kind, finding.primary.line) == ("missing-reduction", _line(source, "partial = F.linear"))
+    assert "layers.4" in finding.message
+    plain = verify_check(check, project, [2], sandbox, memoize=False)
+    assert _seen(memoized) == _seen(plain)

@@ -23,7 +23,7 @@ from torch import nn
 from ..graph.model import Graph
 from ..relations.assumed import Unrelated
 from ..relations.expr import Expr
-from ..verify.block_contracts import Contract, contracts
+from ..verify.block_contracts import BLOCK_TARGET, Contract, contracts
 from . import blocks, dtensor
 from .fake_pg import fake_rank, group_ranks
 from .forked import in_own_fork, map_ranks
@@ -145,6 +145,9 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
         )
     reference = capture.memoized_reference[0]
     units = _units(reference, ranks)
+    groups = _groups(reference, ranks)
+    reference = _regrouped(reference, groups)
+    ranks = [_regrouped(program, groups) for program in ranks]
     for program in [reference, *ranks]:
         for graph in [program.skeleton, *program.templates.values()]:
             capture.other_sources.update(graph.source_files)
@@ -321,39 +324,85 @@ class _Forms:
         return self._grouped
 
 
+def _groups(reference: ProgramPieces, ranks: list[ProgramPieces]) -> dict[str, str]:
+    """Each memoizable instance of the reference -> the template that stands for it in every
+    program: the first instance with the same template in each program (instances whose records
+    are equal in every program are the same computation in every program). A rank may record one
+    layer apart from the others where the reference records them alike (a layer that skips its
+    all-reduce): that layer is then a template of its own everywhere, not a reason to trace every
+    layer."""
+    by_path = [{i.path: i for i in program.instances} for program in ranks]
+    representative: dict[tuple[str, ...], str] = {}
+    groups: dict[str, str] = {}
+    for instance in reference.instances:
+        if not instance.memoizable:
+            continue
+        key = [instance.template]
+        for program, instances in zip(ranks, by_path, strict=True):
+            own = instances.get(instance.path)
+            if own is None or not own.memoizable:
+                raise NotMemoizable(f"block {instance.path} is not memoizable on {program.skeleton.name}")
+            key.append(own.template)
+        groups[instance.path] = representative.setdefault(tuple(key), instance.path)
+    return groups
+
+
+def _template_graph(program: ProgramPieces, path: str) -> Graph:
+    """The program's graph of the block at `path`: its own, or that of the instance with an equal
+    record it was traced as (templates are traced inside a wrapper, so a graph names no path)."""
+    graph = program.templates.get(path)
+    if graph is not None:
+        return graph
+    own = next(i for i in program.instances if i.path == path)
+    return program.templates[own.template]
+
+
 def _units(reference: ProgramPieces, ranks: list[ProgramPieces]) -> list[TemplateUnit]:
     units: dict[str, TemplateUnit] = {}
-    by_path = [{i.path: i for i in program.instances} for program in ranks]
+    groups = _groups(reference, ranks)
     paths = {i.path for i in reference.instances} | {i.template for i in reference.instances}
     reference_form = _Forms(reference.values, paths)
     rank_forms = [_Forms(program.values, paths) for program in ranks]
     for instance in reference.instances:
         if not instance.memoizable:
             continue
-        if reference_form(instance.path) != reference_form(instance.template):
+        template = groups[instance.path]
+        if reference_form(instance.path) != reference_form(template):
             # e.g. a buffer whose value differs per layer: the template's proof used its own
-            raise NotMemoizable(f"the reference's {instance.path} differs from {instance.template} in its values")
-        for program, instances, form in zip(ranks, by_path, rank_forms, strict=True):
-            own = instances.get(instance.path)
-            if own is None or not own.memoizable or own.template != instance.template:
-                raise NotMemoizable(f"block {instance.path} is not the same computation on {program.skeleton.name}")
-            if form(instance.path) != form(instance.template):
+            raise NotMemoizable(f"the reference's {instance.path} differs from {template} in its values")
+        for program, form in zip(ranks, rank_forms, strict=True):
+            if form(instance.path) != form(template):
                 raise NotMemoizable(f"the parameters of {instance.path} relate differently on {program.skeleton.name}")
-        template = instance.template
         if template not in units:
+            graphs = [_template_graph(p, template) for p in ranks]
             try:
                 # the template proof assumes each rank's inputs relate to the reference's as their
                 # shapes say (equal, or a block of one dim), and proves the same of its outputs
-                terms = contracts(template, reference.templates[template], [p.templates[template] for p in ranks])
+                terms = contracts(template, _template_graph(reference, template), graphs)
             except Unrelated as exc:
                 raise NotMemoizable(f"block {template} receives inputs no assumed relation fits ({exc})") from None
             units[template] = TemplateUnit(
                 template,
-                reference.templates[template],
+                _template_graph(reference, template),
                 _within(reference.values, template),
-                [(p.templates[template], _within(p.values, template)) for p in ranks],
+                [(graph, _within(p.values, template)) for graph, p in zip(graphs, ranks, strict=True)],
                 [],
                 terms,
             )
         units[template].instances.append(instance.path)
     return list(units.values())
+
+
+def _regrouped(program: ProgramPieces, groups: dict[str, str]) -> ProgramPieces:
+    """The program with its skeleton's block calls keyed by the templates of `groups` (a call's
+    key `template|path` is its literal argument: the reference's and a rank's calls of one
+    instance must name the same template)."""
+    nodes = []
+    for node in program.skeleton.nodes:
+        args = node.attrs.get("args") or []
+        if node.op == "generic" and node.attrs.get("target") == BLOCK_TARGET and args:
+            _, path = blocks.parse_key(str(args[-1]))
+            if path in groups:
+                node = replace(node, attrs={**node.attrs, "args": [*args[:-1], f"{groups[path]}|{path}"]})
+        nodes.append(node)
+    return replace(program, skeleton=replace(program.skeleton, nodes=nodes))
