@@ -115,3 +115,13 @@ def _(g: Gen) -> dict[str, Any]:
 def _(g: Gen) -> dict[str, Any]:
     a, b = g.int(2, 9), g.int(2, 9)
     return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": a, "b": b, "c": a * b}
+
+
+@instance("division-undoes-multiple", "multiple-undoes-division")
+def _(g: Gen) -> dict[str, Any]:
+    return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": g.pick((-3, -2, 2, 3, 5, 8))}
+
+
+@near_miss("division-undoes-multiple", "multiple-undoes-division")
+def _(g: Gen) -> dict[str, Any]:
+    return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": 0}  # (X * 0) / 0 and (X / 0) * 0 are not X

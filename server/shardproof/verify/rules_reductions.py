@@ -157,14 +157,15 @@ _rule(
 _rule(
     "partial-scaled",
     "partial",
-    "scaling by a constant is linear",
-    "(rule ((= Y (Sc f X c)) (= y (Sc f x c)) (psum X x s e K) (scaling f)) ((psum Y y s e K)))",
+    "scaling by a constant is linear (the reference's scaling is made if it does not exist: a rank may scale "
+    "its partial sum before the all-reduce and undo it after, or divide it by the world size to average)",
+    "(rule ((= y (Sc f x c)) (psum X x s e K) (scaling f)) ((psum (Sc f X c) y s e K)))",
 )
 _rule(
     "partial-int-scaled",
     "partial",
-    "scaling by a constant is linear",
-    "(rule ((= Y (ScI f X c)) (= y (ScI f x c)) (psum X x s e K) (scaling f)) ((psum Y y s e K)))",
+    "scaling by a constant is linear (the reference's scaling is made if it does not exist, as above)",
+    "(rule ((= y (ScI f x c)) (psum X x s e K) (scaling f)) ((psum (ScI f X c) y s e K)))",
 )
 _rule(
     "partial-sum-of-partials",

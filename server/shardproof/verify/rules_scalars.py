@@ -89,6 +89,20 @@ _rule(
     '(rule ((= y (ScI "div" (ScI "div" X a) b)) (scintprod a b c)) ((union y (ScI "div" X c))))',
 )
 _rule(
+    "division-undoes-multiple",
+    "normalization",
+    "(X * a) / a = X for a nonzero integer a (a rank that scales its partial sum before the all-reduce and "
+    "scales it back after)",
+    '(rewrite (ScI "div" (ScI "mul" X a) a) X :when ((!= a 0)))',
+)
+_rule(
+    "multiple-undoes-division",
+    "normalization",
+    "(X / a) * a = X for a nonzero integer a (a rank that divides its partial sum by the world size before "
+    "the all-reduce and multiplies it back after)",
+    '(rewrite (ScI "mul" (ScI "div" X a) a) X :when ((!= a 0)))',
+)
+_rule(
     "multiple-of-multiple",
     "normalization",
     "(X * a) * b = X * c with c = a * b for integers a, b (the encoder's scintprod facts)",
