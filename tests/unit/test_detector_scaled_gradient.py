@@ -12,7 +12,7 @@ from evidence_kit import PARALLEL_FILE, REFERENCE_FILE, Kit, at
 
 from shardproof.graph.model import GradientRole
 from shardproof.localize.detectors.scaled_gradient import scaled_gradient
-from shardproof.verify.encode import SCALED_SUFFIX
+from shardproof.verify.factored_terms import SCALED_SUFFIX
 
 SHAPE = (4, 16)
 LOSS, REDUCE = 40, 44

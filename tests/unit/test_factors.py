@@ -7,8 +7,9 @@ from __future__ import annotations
 from fractions import Fraction
 
 from shardproof.graph.model import Node, TensorMeta
-from shardproof.verify.encode import _linear_factor, scaled_term
+from shardproof.verify.factored_terms import _linear_factor
 from shardproof.verify.layout_facts import broadcast_facts, view_facts
+from shardproof.verify.scalars import scaled_term
 
 
 def _node(op: str, **attrs: object) -> Node:

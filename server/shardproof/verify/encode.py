@@ -10,20 +10,20 @@ dim maps of views, permutations and expansions, are emitted as facts.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ..graph.model import Collective, Graph, Node, TensorMeta
+from ..graph.model import Graph, Node, TensorMeta
 from ..relations import expr as px
+from .collective_encoding import CollectiveIssue, CollectiveLowering, encode_ranks
+from .factored_terms import FactoredTerms
 from .language import quoted as _q
 from .layout_facts import broadcast_facts, composition_facts, expand_facts, permute_facts, view_facts
 from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
 from .permutations import Permutations
-from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
+from .relayout import Exchange
 from .scalars import (
     fill_value,
     float_factor,
@@ -48,16 +48,6 @@ def _shape_text(shape: tuple[int, ...] | list[int]) -> str:
 
 
 @dataclass
-class CollectiveIssue:
-    """Ranks of one group disagree on their collectives: a hang or a wrong result."""
-
-    group: tuple[int, ...]
-    index: int
-    message: str
-    nodes: list[tuple[str, str]]  # (graph name, node id)
-
-
-@dataclass
 class EncodedUnit:
     commands: list[str]
     term_of: dict[tuple[str, str], str] = field(default_factory=dict)  # (graph, value id) -> term name
@@ -76,7 +66,7 @@ def _joined(shapes: list[tuple[int, ...]], dim: int, dtype: str) -> TensorMeta:
     return TensorMeta(tuple(shape), dtype)
 
 
-class Encoder:
+class Encoder(FactoredTerms, CollectiveLowering):
     def __init__(self) -> None:
         self.commands: list[str] = []
         self.term_of: dict[tuple[str, str], str] = {}
@@ -443,69 +433,6 @@ class Encoder:
         else:
             self.generic(graph, node, name, ins)
 
-    # -- constant factors (joint graphs) ----------------------------------------------------------------
-    def core(self, graph: Graph, value_id: str) -> tuple[str, Fraction]:
-        """A value as (term, factor): the value is factor * term."""
-        return self.scaled.get((graph.name, value_id)) or (self.term(graph, value_id), Fraction(1))
-
-    def _factored(self, graph: Graph, node: Node, name: str) -> bool:
-        """Encode `node` as a constant factor times an unscaled term when it is linear in its scaled
-        inputs (or is itself a division or multiplication by an integer, or a mean), and state
-        its value as that product. False: no factor to carry (encode as usual).
-
-        A backward pass is linear in its seed, so every gradient is a constant times what it
-        would be from another seed: a data-parallel rank seeds backward with the mean over its
-        batch block (1/n where the reference has 1/N), averages its gradients (/ world size),
-        accumulates micro-batches (each loss / their number). Carried as factors, these constants
-        meet (1/n / world size = 1/N) and the unscaled terms relate as selections and partial sums
-        of the reference's, with the usual rules. Every step is an identity: f(c x) = c f(x) for
-        f linear in x, c x + c y = c (x + y), mean = sum / count."""
-        cores = [self.core(graph, i) for i in node.inputs]
-        factors = [f for _, f in cores]
-        terms = [t for t, _ in cores]
-        op, a = node.op, node.attrs
-        if op == "scalar" and a["fn"] in ("mul", "div"):
-            value = a["value"]
-            integral = isinstance(value, int | float) and not isinstance(value, bool) and float(value).is_integer()
-            if integral and value != 0:
-                c = Fraction(int(value))
-                self._state_scaled(graph, node, name, terms[0], factors[0] * c if a["fn"] == "mul" else factors[0] / c)
-                return True
-        if op == "scalar" and a["fn"] in ("add", "sub") and a["value"] == 0 and not isinstance(a["value"], bool):
-            # x + 0 (Python's sum() of losses starts at 0)
-            self._state_scaled(graph, node, name, terms[0], factors[0])
-            return True
-        if op == "reduce" and a["fn"] == "mean":
-            count = self.meta_of[terms[0]].shape[a["dim"]]
-            summed = dataclasses.replace(node, attrs={**a, "fn": "sum"})
-            core = self._fresh("core", read_from_let=False)
-            self.node_term(graph, summed, core, ins=[terms[0]])
-            self._state_scaled(graph, node, name, core, factors[0] / count)
-            return True
-        if all(f == 1 for f in factors):
-            return False
-        factor = _linear_factor(node, factors)
-        if factor is None:
-            return False
-        if _additive(node):
-            # c x + d y = c (x + (d / c) y): the ratios of the operands' factors are the same in
-            # every program that computes the same sum, the common factor is what differs
-            for i, f in enumerate(factors[1:], start=1):
-                if f != factor:
-                    meta = self.meta_of[terms[i]]
-                    terms[i] = self.let(self._fresh("ratio"), self._scaled(terms[i], f / factor), meta)
-        core = self._fresh("core", read_from_let=False)
-        self.node_term(graph, node, core, ins=terms)
-        self._state_scaled(graph, node, name, core, factor)
-        return True
-
-    def _state_scaled(self, graph: Graph, node: Node, name: str, core: str, factor: Fraction) -> None:
-        self.let(name, self._scaled(core, factor), node.meta)
-        if factor != 1:
-            self.scaled[(graph.name, node.id)] = (core, factor)
-            # the unscaled value's relations are read back under the node's id + SCALED_SUFFIX
-            self.commands.append(f"(node {core} {_q(graph.name + '/' + node.id + SCALED_SUFFIX)})")
-
     def let_collective(self, graph: Graph, node: Node, name: str, lowered: str) -> None:
         factor = self._collective_factors.get((graph.name, node.id))
         if factor is None:
@@ -560,162 +487,6 @@ class Encoder:
                 readings.append((source, (position - 1) - len(x_shape), times))
         return readings
 
-    # -- collectives ----------------------------------------------------------------------------------
-    def _lower(
-        self,
-        coll: Collective | None,
-        group: tuple[int, ...],
-        rank: int,
-        calls: dict[int, Node],
-        graphs: dict[int, Graph],
-    ) -> str:
-        assert coll is not None
-        inputs = [self.term(graphs[r], calls[r].inputs[0]) for r in group]
-        metas = [graphs[r].meta_of(calls[r].inputs[0]) for r in group]
-        out_meta = calls[rank].meta
-        op = coll.reduce_op or "sum"
-        carries_factor = (
-            coll.kind == "all_gather"
-            or (coll.kind == "all_reduce" and op in ("sum", "avg"))
-            or (coll.kind == "reduce_scatter" and op == "sum")
-        )
-        if self.factor_out and carries_factor:
-            cores = [self.core(graphs[r], calls[r].inputs[0]) for r in group]
-            # the ranks' values share a factor: it is the factor of their sum or concatenation
-            # (an average's division by the group size joins it)
-            factor = cores[0][1] / (len(group) if op == "avg" else 1)
-            if factor != 1 and len({f for _, f in cores}) == 1:
-                inputs = [t for t, _ in cores]
-                op = "sum"
-                self._collective_factors[(graphs[rank].name, calls[rank].id)] = factor
-        if coll.kind == "all_reduce":
-            collection = f"(multiset-of {' '.join(inputs)})"
-            if op in ("sum", "avg"):
-                for t in inputs:
-                    self.commands.append(f"(arin {t})")
-                total = f"(SumN {collection})"
-                if not self.factor_out:  # (the sums' terms are not known as unscaled cores)
-                    self.commands.extend(self.sums.total_facts(total, inputs))
-                return total if op == "sum" else self._scaled(total, Fraction(1, len(group)))
-            if op not in ("max", "min"):
-                return f"(Leaf {_q('unsupported reduction ' + op)})"
-            for t in inputs:
-                self.commands.append(f"(arin {t})")
-            return f"({'MaxN' if op == 'max' else 'MinN'} {collection})"
-        if coll.kind == "all_gather":
-            nd = len(metas[0].shape)
-            return self._inline_cat(inputs, metas, -nd)
-        if coll.kind == "reduce_scatter":
-            if (coll.reduce_op or "sum") != "sum":
-                return f"(Leaf {_q('unsupported reduce_scatter ' + str(coll.reduce_op))})"
-            for t in inputs:
-                self.commands.append(f"(arin {t})")
-            nd = len(out_meta.shape)
-            chunk = out_meta.shape[0]
-            index = group.index(rank)
-            total = f"(SumN (multiset-of {' '.join(inputs)}))"
-            if not self.factor_out:
-                self.commands.extend(self.sums.total_facts(total, inputs))
-            return f"(Slice {total} {-nd} {index * chunk} {(index + 1) * chunk})"
-        if coll.kind in ("broadcast", "p2p"):
-            # the source's value (a p2p send's own result is its token: the value it sent)
-            assert coll.src is not None
-            return self.term(graphs[coll.src], calls[coll.src].inputs[0])
-        if coll.kind == "all_to_all":
-            return self._all_to_all(group, rank, calls, graphs, inputs, metas)
-        return f"(Leaf {_q('unsupported collective ' + coll.kind)})"
-
-    def _inline_cat(self, parts: list[str], metas: list[TensorMeta], dim: int) -> str:
-        if len(parts) == 1:
-            return parts[0]
-        left, right = self._cat_halves(parts, [m.shape for m in metas], dim, metas[0].dtype)
-        return f"(Cat {left} {right} {dim})"
-
-    def _all_to_all(
-        self,
-        group: tuple[int, ...],
-        rank: int,
-        calls: dict[int, Node],
-        graphs: dict[int, Graph],
-        inputs: list[str],
-        metas: list[TensorMeta],
-    ) -> str:
-        receiver = group.index(rank)
-        n = len(group)
-        pieces: list[str] = []
-        piece_metas: list[TensorMeta] = []
-        for sender_index, sender in enumerate(group):
-            coll = calls[sender].collective
-            assert coll is not None
-            meta = metas[sender_index]
-            start, end = rows_sent(coll, meta.shape[0], n, receiver)
-            nd = len(meta.shape)
-            shape = (end - start, *meta.shape[1:])
-            if start == 0 and end == meta.shape[0]:
-                pieces.append(inputs[sender_index])
-            else:
-                pieces.append(self._moved_block(inputs[sender_index], -nd, start, end, TensorMeta(shape, meta.dtype)))
-            piece_metas.append(TensorMeta(shape, meta.dtype))
-        return self._inline_cat(pieces, piece_metas, -len(metas[0].shape))
-
-    def relayout(self, graph: Graph, node: Node, name: str) -> None:
-        """State what an exchange and the views / permutes after it computed, when it is a
-        concatenation of blocks of the ranks' sources (see relayout.py)."""
-        key = (graph.name, node.id)
-        if key in self.exchanges:
-            state = (self.exchanges[key], graph.rank or 0, [])
-        elif node.op in MOVEMENT_OPS and node.inputs and all((graph.name, v) in self._relayouts for v in node.inputs):
-            states = [self._relayouts[(graph.name, v)] for v in node.inputs]
-            exchange, receiver = states[0][0], states[0][1]
-            if any(other[0] is not exchange or other[1] != receiver for other in states):
-                return  # movement of values from different exchanges: no one evaluation says it
-            after = list({n.id: n for state in states for n in state[2]}.values())
-            if len(after) >= 12:
-                return
-            state = (exchange, receiver, [*sorted(after, key=lambda n: self._order(graph, n)), node])
-        else:
-            return
-        self._relayouts[key] = state
-        for pieces, dim in fold(*state):
-            self._union_concatenation(name, state[0], pieces, dim)
-
-    def _order(self, graph: Graph, node: Node) -> int:
-        """A node's position in its graph (movement after an exchange is evaluated in this order)."""
-        positions = self._positions.get(graph.name)
-        if positions is None:
-            positions = self._positions[graph.name] = {n.id: i for i, n in enumerate(graph.nodes)}
-        return positions[node.id]
-
-    def _union_concatenation(self, name: str, exchange: Exchange, pieces: list[Piece], dim: int) -> None:
-        terms, metas = [], []
-        for piece in pieces:
-            source_graph = exchange.graphs[piece.rank]
-            source, meta = self.term(source_graph, piece.value), source_graph.meta_of(piece.value)
-            if piece.inserted:
-                # the whole value with a unit dim where the pieces are stacked: a view of it
-                shape = list(meta.shape)
-                shape.insert(len(shape) + 1 + piece.dim, 1)
-                stacked = TensorMeta(tuple(shape), meta.dtype)
-                terms.append(self._view(source, meta.shape, stacked))
-                metas.append(stacked)
-                continue
-            if piece.whole:
-                terms.append(source)
-                metas.append(meta)
-                continue
-            shape = list(meta.shape)
-            shape[len(shape) + piece.dim] = piece.end - piece.start
-            block = TensorMeta(tuple(shape), meta.dtype)
-            terms.append(self._moved_block(source, piece.dim, piece.start, piece.end, block))
-            metas.append(block)
-        self.commands.append(f"(union {name} {self._inline_cat(terms, metas, dim)})")
-
-    def _moved_block(self, source: str, dim: int, start: int, end: int, meta: TensorMeta) -> str:
-        """A slice of a rank's value that an exchange moves (the `a2a-piece` rules may relate it)."""
-        term = self.let(self._fresh("a2a"), f"(Slice {source} {dim} {start} {end})", meta)
-        self.commands.append(f"(a2a-piece {term})")
-        return term
-
     def _composition_facts(self) -> list[str]:
         """How every permutation the programs apply composes with every other of the same length
         (the layout rules follow a permutation of a value that is, after saturation, a permutation
@@ -757,101 +528,6 @@ class Encoder:
         return EncodedUnit(commands, self.term_of, self.issues, len(self.meta_of), factors)
 
 
-def _mismatch(
-    group: tuple[int, ...], index: int, calls: dict[int, Node], graphs: dict[int, Graph]
-) -> CollectiveIssue | None:
-    members = [r for r in group if r in graphs]
-    missing = [r for r in members if r not in calls]
-    nodes = [(graphs[r].name, n.id) for r, n in calls.items()]
-    absent = [r for r in group if r not in graphs]
-    if absent:
-        return CollectiveIssue(
-            group,
-            index,
-            f"call {index + 1} of group {list(group)} names rank {absent[0]}, which does not exist in a world of "
-            f"{len(graphs)}",
-            nodes,
-        )
-    if missing:
-        return CollectiveIssue(
-            group,
-            index,
-            f"ranks {missing} of group {list(group)} make fewer collective calls "
-            f"than the others: call {index + 1} is missing on them (a hang)",
-            nodes,
-        )
-    kinds = {(n.collective.kind, n.collective.reduce_op) for n in calls.values() if n.collective}
-    if len(kinds) > 1:
-        described = ", ".join(f"rank {r}: {n.collective.kind}" for r, n in calls.items() if n.collective)
-        return CollectiveIssue(
-            group,
-            index,
-            f"collective call {index + 1} of group {list(group)} differs between ranks ({described})",
-            nodes,
-        )
-    shapes = {graphs[r].meta_of(n.inputs[0]).shape for r, n in calls.items()}
-    kind = next(iter(kinds))[0]
-    if kind == "p2p":
-        sources = {n.collective.src for n in calls.values() if n.collective}
-        if len(sources) > 1:
-            both = "send" if all(n.attrs.get("send") for n in calls.values()) else "receive"
-            return CollectiveIssue(
-                group,
-                index,
-                f"ranks {list(group)} both {both} as their point-to-point call {index + 1} with each other "
-                "(nothing is received or sent: a hang)",
-                nodes,
-            )
-    if len(shapes) > 1 and kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p"):
-        return CollectiveIssue(
-            group,
-            index,
-            f"collective call {index + 1} of group {list(group)} has different "
-            f"input shapes on different ranks: {sorted(shapes)}",
-            nodes,
-        )
-    return None
-
-
-SCALED_SUFFIX = "#unscaled"
-
-
-# ops linear in every input (the factor is the product of the inputs' factors) and ops linear in
-# their first input whose other inputs must be unscaled (indices, masks)
-_MULTILINEAR = {"linear", "matmul"}
-_LINEAR_IN_FIRST = {"view", "permute", "expand", "slice", "pick"}
-_LINEAR_GENERIC = {"aten::embedding_dense_backward"}
-
-
-def _additive(node: Node) -> bool:
-    return (node.op == "binary" and node.attrs["fn"] in ("add", "sub")) or node.op == "cat"
-
-
-def _linear_factor(node: Node, factors: list[Fraction]) -> Fraction | None:
-    """The factor of a linear operation's result from its inputs' factors; None if it is not linear
-    in the scaled inputs (the scaled values are then used as they are)."""
-    op, a = node.op, node.attrs
-    first, rest = factors[0], factors[1:]
-    if op in _MULTILINEAR or (op == "binary" and a["fn"] == "mul"):
-        return math.prod(factors, start=Fraction(1))
-    if op == "binary" and a["fn"] == "div":
-        return first / factors[1]
-    if _additive(node):
-        return first
-    unscaled_rest = all(f == 1 for f in rest)
-    if op in _LINEAR_IN_FIRST and unscaled_rest:
-        return first
-    if (op == "reduce" and a["fn"] == "sum") or (op == "scalar" and a["fn"] in ("mul", "div")):
-        return first
-    if op == "unary" and (a["fn"] == "neg" or a["fn"].startswith("cast_float") or a["fn"].startswith("cast_bfloat")):
-        return first
-    if op == "fill" and unscaled_rest and fill_value(a["value"]) == "0.0":
-        return first
-    if op == "generic" and a.get("target") in _LINEAR_GENERIC and a.get("index", 0) == 0 and unscaled_rest:
-        return first
-    return None
-
-
 def encode_unit(
     reference: Graph,
     reference_values: dict[str, px.Expr],
@@ -888,81 +564,9 @@ def encode_unit(
     encoder.add_reference_nodes(reference)
     for graph, values in ranks:
         encoder.add_placeholders(graph, values)
-    _encode_ranks(encoder, [g for g, _ in ranks])
+    encode_ranks(encoder, [g for g, _ in ranks])
     encoder.commands.extend(laws.rules)
     encoder.commands.extend(call_laws)
     unit = encoder.finish()
     unit.law_targets = laws.targets
     return unit
-
-
-def _encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
-    """Encode rank graphs in an order that respects collectives.
-
-    A collective's lowered term needs the inputs of all ranks of its group, so each rank is
-    encoded up to its next collective, the collectives whose inputs are all present are lowered,
-    and the walk repeats. Calls that can never be matched become unrelated leaves.
-    """
-    positions = {g.name: 0 for g in graphs}
-    lowered: dict[tuple[str, str], str] = {}
-    while True:
-        progressed = False
-        for graph in graphs:
-            while positions[graph.name] < len(graph.nodes):
-                node = graph.nodes[positions[graph.name]]
-                name = encoder._name(graph.name, node.id)
-                if node.collective is not None:
-                    if (graph.name, node.id) not in lowered:
-                        break
-                    encoder.let_collective(graph, node, name, lowered[(graph.name, node.id)])
-                else:
-                    encoder.node_term(graph, node, name)
-                encoder.bind(graph, node.id, name)
-                encoder.relayout(graph, node, name)
-                positions[graph.name] += 1
-                progressed = True
-        if all(positions[g.name] >= len(g.nodes) for g in graphs):
-            return
-        newly = _lower_ready(encoder, graphs, exclude=set(lowered))
-        lowered.update(newly)
-        if not newly and not progressed:
-            for graph in graphs:
-                if positions[graph.name] < len(graph.nodes):
-                    node = graph.nodes[positions[graph.name]]
-                    lowered[(graph.name, node.id)] = f"(Leaf {_q(graph.name + '/' + node.id)})"
-
-
-def _lower_ready(encoder: Encoder, graphs: list[Graph], exclude: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Lower every matched collective call whose inputs are encoded on all its ranks."""
-    by_rank = {g.rank: g for g in graphs}
-    sequences: dict[tuple[tuple[int, ...], int], list[Node]] = {}
-    for graph in graphs:
-        for node in graph.nodes:
-            if node.collective is not None:
-                sequences.setdefault((node.collective.group, graph.rank), []).append(node)  # type: ignore[arg-type]
-    result: dict[tuple[str, str], str] = {}
-    reported = {(i.group, i.index) for i in encoder.issues}
-    for group in sorted({g for g, _ in sequences}):
-        members = [r for r in group if r in by_rank]
-        lengths = {r: len(sequences.get((group, r), [])) for r in members}
-        for k in range(max(lengths.values(), default=0)):
-            calls = {r: sequences[(group, r)][k] for r in members if k < lengths[r]}
-            if all((by_rank[r].name, n.id) in exclude for r, n in calls.items()):
-                continue
-            if not all((by_rank[r].name, n.inputs[0]) in encoder.term_of for r, n in calls.items()):
-                break
-            issue = _mismatch(group, k, calls, by_rank)
-            if issue is not None:
-                if (group, k) not in reported:
-                    encoder.issues.append(issue)
-                    reported.add((group, k))
-                for r, n in calls.items():
-                    result[(by_rank[r].name, n.id)] = f"(Leaf {_q(by_rank[r].name + '/' + n.id)})"
-                continue
-            kind = next(iter(calls.values())).collective.kind  # type: ignore[union-attr]
-            exchange = Exchange(kind, group, calls, by_rank) if kind in ("all_to_all", "all_gather") else None
-            for r, n in calls.items():
-                if exchange is not None:
-                    encoder.exchanges[(by_rank[r].name, n.id)] = exchange
-                result[(by_rank[r].name, n.id)] = encoder._lower(n.collective, group, r, calls, by_rank)
-    return result

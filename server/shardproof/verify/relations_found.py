@@ -7,8 +7,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..graph.model import Graph
-from .encode import SCALED_SUFFIX
 from .engine import Facts, Ranges
+from .factored_terms import SCALED_SUFFIX
 
 
 @dataclass(frozen=True)

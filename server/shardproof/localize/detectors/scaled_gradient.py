@@ -8,7 +8,7 @@ from fractions import Fraction
 
 from ...graph.model import Graph, Node
 from ...results import Discrepancy
-from ...verify.encode import SCALED_SUFFIX
+from ...verify.factored_terms import SCALED_SUFFIX
 from ..context import Context
 
 

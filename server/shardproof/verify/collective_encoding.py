@@ -1,0 +1,316 @@
+"""Collectives lowered to the data-movement algebra over the matched calls of all ranks of their
+group, mixed into the Encoder (encode.py): all-reduce, a sum over the multiset of the ranks'
+inputs; all-gather, a concatenation in group order; reduce-scatter, a slice of the sum;
+all-to-all, concatenations of slices; broadcast, the source's value. Calls the ranks do not agree
+on are collective issues (a hang or a wrong result), and their results unrelated leaves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from ..graph.model import Collective, Graph, Node, TensorMeta
+from .language import quoted as _q
+from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
+
+if TYPE_CHECKING:
+    from .encode import Encoder
+
+
+@dataclass
+class CollectiveIssue:
+    """Ranks of one group disagree on their collectives: a hang or a wrong result."""
+
+    group: tuple[int, ...]
+    index: int
+    message: str
+    nodes: list[tuple[str, str]]  # (graph name, node id)
+
+
+class CollectiveLowering:
+    """The Encoder's collectives; uses its term plumbing (`let`, `term`, `core`, `commands`,
+    `sums`, `_cat_halves`) and its exchange state (`exchanges`, `_relayouts`)."""
+
+    def _lower(
+        self,
+        coll: Collective | None,
+        group: tuple[int, ...],
+        rank: int,
+        calls: dict[int, Node],
+        graphs: dict[int, Graph],
+    ) -> str:
+        assert coll is not None
+        inputs = [self.term(graphs[r], calls[r].inputs[0]) for r in group]
+        metas = [graphs[r].meta_of(calls[r].inputs[0]) for r in group]
+        out_meta = calls[rank].meta
+        op = coll.reduce_op or "sum"
+        carries_factor = (
+            coll.kind == "all_gather"
+            or (coll.kind == "all_reduce" and op in ("sum", "avg"))
+            or (coll.kind == "reduce_scatter" and op == "sum")
+        )
+        if self.factor_out and carries_factor:
+            cores = [self.core(graphs[r], calls[r].inputs[0]) for r in group]
+            # the ranks' values share a factor: it is the factor of their sum or concatenation
+            # (an average's division by the group size joins it)
+            factor = cores[0][1] / (len(group) if op == "avg" else 1)
+            if factor != 1 and len({f for _, f in cores}) == 1:
+                inputs = [t for t, _ in cores]
+                op = "sum"
+                self._collective_factors[(graphs[rank].name, calls[rank].id)] = factor
+        if coll.kind == "all_reduce":
+            collection = f"(multiset-of {' '.join(inputs)})"
+            if op in ("sum", "avg"):
+                for t in inputs:
+                    self.commands.append(f"(arin {t})")
+                total = f"(SumN {collection})"
+                if not self.factor_out:  # (the sums' terms are not known as unscaled cores)
+                    self.commands.extend(self.sums.total_facts(total, inputs))
+                return total if op == "sum" else self._scaled(total, Fraction(1, len(group)))
+            if op not in ("max", "min"):
+                return f"(Leaf {_q('unsupported reduction ' + op)})"
+            for t in inputs:
+                self.commands.append(f"(arin {t})")
+            return f"({'MaxN' if op == 'max' else 'MinN'} {collection})"
+        if coll.kind == "all_gather":
+            nd = len(metas[0].shape)
+            return self._inline_cat(inputs, metas, -nd)
+        if coll.kind == "reduce_scatter":
+            if (coll.reduce_op or "sum") != "sum":
+                return f"(Leaf {_q('unsupported reduce_scatter ' + str(coll.reduce_op))})"
+            for t in inputs:
+                self.commands.append(f"(arin {t})")
+            nd = len(out_meta.shape)
+            chunk = out_meta.shape[0]
+            index = group.index(rank)
+            total = f"(SumN (multiset-of {' '.join(inputs)}))"
+            if not self.factor_out:
+                self.commands.extend(self.sums.total_facts(total, inputs))
+            return f"(Slice {total} {-nd} {index * chunk} {(index + 1) * chunk})"
+        if coll.kind in ("broadcast", "p2p"):
+            # the source's value (a p2p send's own result is its token: the value it sent)
+            assert coll.src is not None
+            return self.term(graphs[coll.src], calls[coll.src].inputs[0])
+        if coll.kind == "all_to_all":
+            return self._all_to_all(group, rank, calls, graphs, inputs, metas)
+        return f"(Leaf {_q('unsupported collective ' + coll.kind)})"
+
+    def _inline_cat(self, parts: list[str], metas: list[TensorMeta], dim: int) -> str:
+        if len(parts) == 1:
+            return parts[0]
+        left, right = self._cat_halves(parts, [m.shape for m in metas], dim, metas[0].dtype)
+        return f"(Cat {left} {right} {dim})"
+
+    def _all_to_all(
+        self,
+        group: tuple[int, ...],
+        rank: int,
+        calls: dict[int, Node],
+        graphs: dict[int, Graph],
+        inputs: list[str],
+        metas: list[TensorMeta],
+    ) -> str:
+        receiver = group.index(rank)
+        n = len(group)
+        pieces: list[str] = []
+        piece_metas: list[TensorMeta] = []
+        for sender_index, sender in enumerate(group):
+            coll = calls[sender].collective
+            assert coll is not None
+            meta = metas[sender_index]
+            start, end = rows_sent(coll, meta.shape[0], n, receiver)
+            nd = len(meta.shape)
+            shape = (end - start, *meta.shape[1:])
+            if start == 0 and end == meta.shape[0]:
+                pieces.append(inputs[sender_index])
+            else:
+                pieces.append(self._moved_block(inputs[sender_index], -nd, start, end, TensorMeta(shape, meta.dtype)))
+            piece_metas.append(TensorMeta(shape, meta.dtype))
+        return self._inline_cat(pieces, piece_metas, -len(metas[0].shape))
+
+    def relayout(self, graph: Graph, node: Node, name: str) -> None:
+        """State what an exchange and the views / permutes after it computed, when it is a
+        concatenation of blocks of the ranks' sources (see relayout.py)."""
+        key = (graph.name, node.id)
+        if key in self.exchanges:
+            state = (self.exchanges[key], graph.rank or 0, [])
+        elif node.op in MOVEMENT_OPS and node.inputs and all((graph.name, v) in self._relayouts for v in node.inputs):
+            states = [self._relayouts[(graph.name, v)] for v in node.inputs]
+            exchange, receiver = states[0][0], states[0][1]
+            if any(other[0] is not exchange or other[1] != receiver for other in states):
+                return  # movement of values from different exchanges: no one evaluation says it
+            after = list({n.id: n for state in states for n in state[2]}.values())
+            if len(after) >= 12:
+                return
+            state = (exchange, receiver, [*sorted(after, key=lambda n: self._order(graph, n)), node])
+        else:
+            return
+        self._relayouts[key] = state
+        for pieces, dim in fold(*state):
+            self._union_concatenation(name, state[0], pieces, dim)
+
+    def _order(self, graph: Graph, node: Node) -> int:
+        """A node's position in its graph (movement after an exchange is evaluated in this order)."""
+        positions = self._positions.get(graph.name)
+        if positions is None:
+            positions = self._positions[graph.name] = {n.id: i for i, n in enumerate(graph.nodes)}
+        return positions[node.id]
+
+    def _union_concatenation(self, name: str, exchange: Exchange, pieces: list[Piece], dim: int) -> None:
+        terms, metas = [], []
+        for piece in pieces:
+            source_graph = exchange.graphs[piece.rank]
+            source, meta = self.term(source_graph, piece.value), source_graph.meta_of(piece.value)
+            if piece.inserted:
+                # the whole value with a unit dim where the pieces are stacked: a view of it
+                shape = list(meta.shape)
+                shape.insert(len(shape) + 1 + piece.dim, 1)
+                stacked = TensorMeta(tuple(shape), meta.dtype)
+                terms.append(self._view(source, meta.shape, stacked))
+                metas.append(stacked)
+                continue
+            if piece.whole:
+                terms.append(source)
+                metas.append(meta)
+                continue
+            shape = list(meta.shape)
+            shape[len(shape) + piece.dim] = piece.end - piece.start
+            block = TensorMeta(tuple(shape), meta.dtype)
+            terms.append(self._moved_block(source, piece.dim, piece.start, piece.end, block))
+            metas.append(block)
+        self.commands.append(f"(union {name} {self._inline_cat(terms, metas, dim)})")
+
+    def _moved_block(self, source: str, dim: int, start: int, end: int, meta: TensorMeta) -> str:
+        """A slice of a rank's value that an exchange moves (the `a2a-piece` rules may relate it)."""
+        term = self.let(self._fresh("a2a"), f"(Slice {source} {dim} {start} {end})", meta)
+        self.commands.append(f"(a2a-piece {term})")
+        return term
+
+
+def _mismatch(
+    group: tuple[int, ...], index: int, calls: dict[int, Node], graphs: dict[int, Graph]
+) -> CollectiveIssue | None:
+    members = [r for r in group if r in graphs]
+    missing = [r for r in members if r not in calls]
+    nodes = [(graphs[r].name, n.id) for r, n in calls.items()]
+    absent = [r for r in group if r not in graphs]
+    if absent:
+        return CollectiveIssue(
+            group,
+            index,
+            f"call {index + 1} of group {list(group)} names rank {absent[0]}, which does not exist in a world of "
+            f"{len(graphs)}",
+            nodes,
+        )
+    if missing:
+        return CollectiveIssue(
+            group,
+            index,
+            f"ranks {missing} of group {list(group)} make fewer collective calls "
+            f"than the others: call {index + 1} is missing on them (a hang)",
+            nodes,
+        )
+    kinds = {(n.collective.kind, n.collective.reduce_op) for n in calls.values() if n.collective}
+    if len(kinds) > 1:
+        described = ", ".join(f"rank {r}: {n.collective.kind}" for r, n in calls.items() if n.collective)
+        return CollectiveIssue(
+            group,
+            index,
+            f"collective call {index + 1} of group {list(group)} differs between ranks ({described})",
+            nodes,
+        )
+    shapes = {graphs[r].meta_of(n.inputs[0]).shape for r, n in calls.items()}
+    kind = next(iter(kinds))[0]
+    if kind == "p2p":
+        sources = {n.collective.src for n in calls.values() if n.collective}
+        if len(sources) > 1:
+            both = "send" if all(n.attrs.get("send") for n in calls.values()) else "receive"
+            return CollectiveIssue(
+                group,
+                index,
+                f"ranks {list(group)} both {both} as their point-to-point call {index + 1} with each other "
+                "(nothing is received or sent: a hang)",
+                nodes,
+            )
+    if len(shapes) > 1 and kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p"):
+        return CollectiveIssue(
+            group,
+            index,
+            f"collective call {index + 1} of group {list(group)} has different "
+            f"input shapes on different ranks: {sorted(shapes)}",
+            nodes,
+        )
+    return None
+
+
+def encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
+    """Encode rank graphs in an order that respects collectives.
+
+    A collective's lowered term needs the inputs of all ranks of its group, so each rank is
+    encoded up to its next collective, the collectives whose inputs are all present are lowered,
+    and the walk repeats. Calls that can never be matched become unrelated leaves.
+    """
+    positions = {g.name: 0 for g in graphs}
+    lowered: dict[tuple[str, str], str] = {}
+    while True:
+        progressed = False
+        for graph in graphs:
+            while positions[graph.name] < len(graph.nodes):
+                node = graph.nodes[positions[graph.name]]
+                name = encoder._name(graph.name, node.id)
+                if node.collective is not None:
+                    if (graph.name, node.id) not in lowered:
+                        break
+                    encoder.let_collective(graph, node, name, lowered[(graph.name, node.id)])
+                else:
+                    encoder.node_term(graph, node, name)
+                encoder.bind(graph, node.id, name)
+                encoder.relayout(graph, node, name)
+                positions[graph.name] += 1
+                progressed = True
+        if all(positions[g.name] >= len(g.nodes) for g in graphs):
+            return
+        newly = _lower_ready(encoder, graphs, exclude=set(lowered))
+        lowered.update(newly)
+        if not newly and not progressed:
+            for graph in graphs:
+                if positions[graph.name] < len(graph.nodes):
+                    node = graph.nodes[positions[graph.name]]
+                    lowered[(graph.name, node.id)] = f"(Leaf {_q(graph.name + '/' + node.id)})"
+
+
+def _lower_ready(encoder: Encoder, graphs: list[Graph], exclude: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Lower every matched collective call whose inputs are encoded on all its ranks."""
+    by_rank = {g.rank: g for g in graphs}
+    sequences: dict[tuple[tuple[int, ...], int], list[Node]] = {}
+    for graph in graphs:
+        for node in graph.nodes:
+            if node.collective is not None:
+                sequences.setdefault((node.collective.group, graph.rank), []).append(node)  # type: ignore[arg-type]
+    result: dict[tuple[str, str], str] = {}
+    reported = {(i.group, i.index) for i in encoder.issues}
+    for group in sorted({g for g, _ in sequences}):
+        members = [r for r in group if r in by_rank]
+        lengths = {r: len(sequences.get((group, r), [])) for r in members}
+        for k in range(max(lengths.values(), default=0)):
+            calls = {r: sequences[(group, r)][k] for r in members if k < lengths[r]}
+            if all((by_rank[r].name, n.id) in exclude for r, n in calls.items()):
+                continue
+            if not all((by_rank[r].name, n.inputs[0]) in encoder.term_of for r, n in calls.items()):
+                break
+            issue = _mismatch(group, k, calls, by_rank)
+            if issue is not None:
+                if (group, k) not in reported:
+                    encoder.issues.append(issue)
+                    reported.add((group, k))
+                for r, n in calls.items():
+                    result[(by_rank[r].name, n.id)] = f"(Leaf {_q(by_rank[r].name + '/' + n.id)})"
+                continue
+            kind = next(iter(calls.values())).collective.kind  # type: ignore[union-attr]
+            exchange = Exchange(kind, group, calls, by_rank) if kind in ("all_to_all", "all_gather") else None
+            for r, n in calls.items():
+                if exchange is not None:
+                    encoder.exchanges[(by_rank[r].name, n.id)] = exchange
+                result[(by_rank[r].name, n.id)] = encoder._lower(n.collective, group, r, calls, by_rank)
+    return result
