@@ -38,6 +38,9 @@ class Worker:
         self.sandbox = Sandbox()
         # (check, mode) -> (hash of the reference's files, reference capture)
         self.references: dict[tuple[str, str], tuple[str, Any]] = {}
+        # the reference cut at its blocks (capture/memoized.py: graphs and values, no module), kept
+        # like the whole reference's capture while the reference's files are unchanged
+        self.memoized_references: dict[tuple[str, str], tuple[str, Any]] = {}
 
     def send(self, message: dict[str, Any]) -> None:
         with self.write_lock:
@@ -145,6 +148,9 @@ class Worker:
             cached = self.references.get(key)
             if cached is not None and cached[0] == digest:
                 capture.adopt_reference(cached[1])
+            cached_pieces = self.memoized_references.get(key)
+            if cached_pieces is not None and cached_pieces[0] == digest:
+                capture.memoized_reference = cached_pieces[1]
             used.append((capture, digest))
 
         with source_overlay(overlay), import_roots(project.python_path):
@@ -154,6 +160,8 @@ class Worker:
         for capture, digest in used:
             if capture.cached_reference() is not None and result.error is None:
                 self.references[key] = (digest, capture.cached_reference())
+            if capture.memoized_reference is not None and result.error is None:
+                self.memoized_references[key] = (digest, capture.memoized_reference)
         self.send({"id": job_id, "event": "result", "result": result.to_dict()})
 
     @staticmethod
