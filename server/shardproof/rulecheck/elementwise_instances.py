@@ -6,7 +6,7 @@ from typing import Any
 
 from ..capture.lowering_tables import _UNARY
 from .harness import Gen
-from .instances import _shape, instance
+from .instances import _members, _shape, instance, near_miss
 
 
 def _unary(g: Gen) -> str:
@@ -28,3 +28,14 @@ def _(g: Gen) -> dict[str, Any]:
 def _(g: Gen) -> dict[str, Any]:
     x = g.tensor(*_shape(g, g.int(1, 3)))
     return {"x": x, "f": _unary(g), "d": g.int(-x.dim(), -1)}
+
+
+@instance("floating-cast-keeps-the-value")
+def _(g: Gen) -> dict[str, Any]:
+    return {"x": g.tensor(*_shape(g, g.int(1, 3))), "f": g.pick(_members("real-cast"))}
+
+
+@near_miss("floating-cast-keeps-the-value")
+def _(g: Gen) -> dict[str, Any]:
+    # a cast to an integer type truncates (the recipe's values are not whole numbers)
+    return {"x": g.tensor(*_shape(g, g.int(1, 3))) + 0.5, "f": g.pick(("cast_int64", "cast_int32", "cast_bool"))}

@@ -39,6 +39,7 @@ TRIALS = 3
 # graph (how a view, permutation or expansion maps dims; which values feed an all-reduce).
 CLASS_RELATIONS = {
     "linear-unary",
+    "real-cast",
     "scaling",
     "additive",
     "multiplicative",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "26"
+RULE_LIBRARY_VERSION = "27"
 
 
 @dataclass(frozen=True)
@@ -290,6 +290,13 @@ _rule(
     "dims before the activation, a rank that stays flat does not)",
     "(rule ((= n (Un f u)) (= u (View m sh)) (vshape m s0) (= k (nd m))) "
     "((union n (View (Un f m) sh)) (set (nd (Un f m)) k) (vshape (Un f m) s0)))",
+)
+_rule(
+    "floating-cast-keeps-the-value",
+    "elementwise",
+    "a cast to a floating dtype is its input's value (real-number semantics: it only rounds), so a rank that "
+    "sums its partial sums in float64 and casts the total back computes the value itself",
+    "(rule ((= y (Un f x)) (real-cast f)) ((union y x)))",
 )
 _rule(
     "unary-keeps-sizes",
@@ -606,6 +613,7 @@ _rule(
 
 _FACTS = r"""
 (relation linear-unary (String))
+(relation real-cast (String))
 (relation scaling (String))
 (relation additive (String))
 (relation multiplicative (String))
@@ -669,7 +677,8 @@ def casts_are_linear(dtypes: set[str]) -> str:
     """Facts declaring the casts to floating dtypes seen in a program linear (real-number semantics:
     they only round). Casts to integer or boolean dtypes truncate, and the truncations of partial
     sums do not add up to the truncation of their sum, so they are not linear."""
-    return "\n".join(f'(linear-unary "cast_{dtype}")' for dtype in sorted(dtypes) if _is_floating(dtype))
+    floating = [dtype for dtype in sorted(dtypes) if _is_floating(dtype)]
+    return "\n".join(f'(linear-unary "cast_{dtype}") (real-cast "cast_{dtype}")' for dtype in floating)
 
 
 def _is_floating(dtype: str) -> bool:

@@ -1,6 +1,7 @@
-"""A rank that scales its partial sum before the all-reduce and undoes the scaling after (divides
-by the world size to average, or multiplies by a constant): the same function, verified; a
-scaling not undone is a discrepancy at its line."""
+"""A rank that reduces its partial sum another way: scaled before the all-reduce and back after
+(divided by the world size, in place or not, or times a constant), averaged by the collective and
+scaled back, summed in float64 and cast back: the same function, verified; a scaling not undone is
+a discrepancy at its line."""
 
 from __future__ import annotations
 
@@ -21,13 +22,17 @@ SCALED = {
     "        dist.all_reduce(partial)\n        partial = partial * dist.get_world_size()\n",
     "times a half, doubled after": "        partial = partial * 0.5\n        dist.all_reduce(partial)\n"
     "        partial = partial * 2.0\n",
+    "divided in place, multiplied back in place": "        partial.div_(dist.get_world_size())\n"
+    "        dist.all_reduce(partial)\n        partial.mul_(dist.get_world_size())\n",
+    "averaged by the collective, times the world size after": "        dist.all_reduce(partial, op=dist.ReduceOp.AVG)\n"
+    "        partial = partial * dist.get_world_size()\n",
+    "summed in float64, cast back": "        partial = partial.double()\n        dist.all_reduce(partial)\n"
+    "        partial = partial.float()\n",
 }
 
 
 @pytest.mark.parametrize("name", sorted(SCALED))
-def test_a_partial_sum_scaled_before_its_all_reduce_and_back_after_is_verified(
-    name: str, tmp_path: Path, sandbox
-) -> None:
+def test_a_partial_sum_reduced_another_way_is_verified(name: str, tmp_path: Path, sandbox) -> None:
     source = ONE_LAYER_WRONG.replace(_REDUCE, SCALED[name])
     assert source != ONE_LAYER_WRONG
     project = _deep_project(tmp_path, source, "[2, 4]")
