@@ -1,6 +1,7 @@
 """A rank that reduces its partial sum another way: scaled before the all-reduce and back after
 (divided by the world size, in place or not, or times a constant), averaged by the collective and
-scaled back, summed in float64 and cast back: the same function, verified; a scaling not undone is
+scaled back, summed in float64 and cast back, flattened into one buffer with another value and
+viewed back (a coalesced all-reduce): the same function, verified; a scaling not undone is
 a discrepancy at its line."""
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ SCALED = {
     "        dist.all_reduce(partial)\n        partial.mul_(dist.get_world_size())\n",
     "averaged by the collective, times the world size after": "        dist.all_reduce(partial, op=dist.ReduceOp.AVG)\n"
     "        partial = partial * dist.get_world_size()\n",
+    "flattened into one buffer with another value, viewed back": "        twin = partial * 3\n"
+    "        buffer = torch.cat([partial.flatten(), twin.flatten()])\n        dist.all_reduce(buffer)\n"
+    "        partial = buffer[: partial.numel()].view_as(partial)\n",
     "summed in float64, cast back": "        partial = partial.double()\n        dist.all_reduce(partial)\n"
     "        partial = partial.float()\n",
 }

@@ -256,7 +256,19 @@ def _(g: Gen) -> dict[str, Any]:
 @instance("partial-viewed")
 def _(g: Gen) -> dict[str, Any]:
     bindings = _partial(g, shape=(2, 3, 4))
-    return bindings | {"s1": g.pick(("6,4", "2,12", "24", "4,3,2"))}
+    return bindings | {"s1": g.pick(("6,4", "2,12", "24", "4,3,2")), "sx": "2,3,4"}
+
+
+@instance("partial-view-sizes", "partial-view-dims")
+def _(g: Gen) -> dict[str, Any]:
+    s1 = g.pick(("6,4", "2,12", "24", "4,3,2"))
+    shape = tuple(int(n) for n in s1.split(","))
+    size = g.int(4, 8)
+    measure = g.contributions(shape, size)  # the contributions to the view V of X
+    s, e = g.tile(size)
+    view = g.total(measure)
+    bindings = {"V": view, "X": view.reshape(2, 3, 4), "y": measure.part(s, e), "s1": s1, "s": s, "e": e, "K": size}
+    return bindings | ({"d": g.int(-len(shape), -1)} if g.rule == "partial-view-sizes" else {})
 
 
 @instance("partial-permuted")

@@ -270,8 +270,22 @@ _rule(
 _rule(
     "partial-viewed",
     "partial",
-    "reshaping contributions is linear",
-    "(rule ((= Y (View X s1)) (= y (View x s1)) (psum X x s e K)) ((psum Y y s e K)))",
+    "reshaping contributions is linear (the reference's view is made if it does not exist, and the value has "
+    "the shape of its contribution: a rank may flatten its partial sums into one buffer for a single all-reduce "
+    "and view them back after)",
+    "(rule ((= y (View x s1)) (psum X x s e K) (vshape x sx)) ((psum (View X s1) y s e K) (vshape X sx)))",
+)
+_rule(
+    "partial-view-sizes",
+    "partial",
+    "a view of a value has the sizes of a rank's contribution to it (the view partial-viewed makes has none stated)",
+    "(rule ((psum V y s e K) (= V (View X s1)) (= n (sz y d))) ((set (sz V d) n)))",
+)
+_rule(
+    "partial-view-dims",
+    "partial",
+    "a view of a value has the number of dims of a rank's contribution to it",
+    "(rule ((psum V y s e K) (= V (View X s1)) (= n (nd y))) ((set (nd V) n)))",
 )
 _rule(
     "partial-permuted",
