@@ -83,32 +83,7 @@ def localize_template(
     from .pipeline import Unit
 
     contracts = {contract.rank: contract for contract in failed.contracts}
-    laws = tuple(
-        law
-        for unit in captured.units
-        if unit.template != failed.template
-        for contract in unit.contracts
-        for law in block_contracts.rules(contract)
-    )
-    others = {
-        rank: {
-            c.template: c
-            for u in captured.units
-            if u.template != failed.template
-            for c in u.contracts
-            if c.rank == rank
-        }
-        for rank in contracts
-    }
-    skeletons = [
-        (
-            block_contracts.with_own_calls(
-                block_contracts.with_unrelated_calls(p.skeleton, failed.template), others.get(p.skeleton.rank or 0, {})
-            ),
-            p.values,
-        )
-        for p in captured.ranks
-    ]
+    skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units, failed.template)
     reference_calls = block_contracts.calls_of(captured.reference.skeleton, failed.template)
     if not reference_calls:
         return None
@@ -187,17 +162,7 @@ def localize_skeleton(
     """The skeleton localized with every template's law (every template proven)."""
     from .pipeline import Unit
 
-    by_rank: dict[int, dict[str, block_contracts.Contract]] = {}
-    for unit in captured.units:
-        for contract in unit.contracts:
-            by_rank.setdefault(contract.rank, {})[contract.template] = contract
-    laws = tuple(
-        law for unit in captured.units for contract in unit.contracts for law in block_contracts.rules(contract)
-    )
-    skeletons = [
-        (block_contracts.with_own_calls(p.skeleton, by_rank.get(p.skeleton.rank or 0, {})), p.values)
-        for p in captured.ranks
-    ]
+    skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
     (proof,) = prove(
         [Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws, outputs_only=False)]
     )

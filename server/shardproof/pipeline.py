@@ -410,13 +410,7 @@ def verify_memoized(
         else:
             # the parts' obligations read relations of values inside the block, not only outputs
             units.extend(Unit(p.reference, p.reference_values, p.ranks, outputs_only=False) for p in parts)
-    by_rank: dict[int, dict[str, block_contracts.Contract]] = {}
-    for contract in terms:
-        by_rank.setdefault(contract.rank, {})[contract.template] = contract
-    skeletons = [
-        (block_contracts.with_own_calls(p.skeleton, by_rank.get(p.skeleton.rank or 0, {})), p.values)
-        for p in captured.ranks
-    ]
+    skeletons, _ = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
     units.append(Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws))
     # only the units' outputs are read: anything else not proven is left to the plain run
     proofs = prove_units(sandbox, check, units, outputs_only=True)

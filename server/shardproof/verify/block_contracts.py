@@ -190,6 +190,28 @@ def with_own_calls(graph: Graph, by_template: dict[str, Contract]) -> Graph:
     return dataclasses.replace(graph, nodes=nodes) if changed else graph
 
 
+def skeletons_and_laws(
+    programs: list, units: list, unrelated: str | None = None
+) -> tuple[list[tuple[Graph, dict[str, px.Expr]]], tuple[str, ...]]:
+    """Each rank program's skeleton and values, with the calls of every non-congruent template an
+    operation of the rank's own, and the laws of those templates; the calls of `unrelated` (a
+    template not proven) are operations of their own with no law (`with_unrelated_calls`).
+    `programs`: pieces with a `skeleton` and `values`; `units`: templates with their `contracts`."""
+    by_rank: dict[int, dict[str, Contract]] = {}
+    laws: list[str] = []
+    for unit in units:
+        if unit.template == unrelated:
+            continue
+        for contract in unit.contracts:
+            by_rank.setdefault(contract.rank, {})[contract.template] = contract
+            laws.extend(rules(contract))
+    skeletons = []
+    for program in programs:
+        graph = program.skeleton if unrelated is None else with_unrelated_calls(program.skeleton, unrelated)
+        skeletons.append((with_own_calls(graph, by_rank.get(program.skeleton.rank or 0, {})), program.values))
+    return skeletons, tuple(laws)
+
+
 def with_unrelated_calls(graph: Graph, template: str) -> Graph:
     """A rank's skeleton whose calls of `template` are an operation of the rank's own, with no
     law: nothing the template was to guarantee is assumed of them (see memoized_failure.py)."""
