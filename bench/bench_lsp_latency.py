@@ -58,8 +58,8 @@ def full_405b(workspace: Path) -> tuple[Path, dict[str, str], dict[str, object]]
     env = {f"SCALE_{k.upper()}": str(v) for k, v in bench_scale.LLAMA_405B.items()}
     env["SCALE_LAYERS"] = "126"
     env["SHARDPROOF_CACHE_DIR"] = str(workspace / ".shardproof-cache")
-    # a run captures 126 layers at 8 ranks (every layer when a discrepancy rules out memoization):
-    # measure it however long it takes, rather than stop it at the default limit
+    # a run captures 126 layers at 8 ranks (a discrepancy is localized in the block that fails,
+    # memoized_failure.py): measure it however long it takes, rather than stop it at the default limit
     return (
         workspace / "example" / "llama_example" / "tp.py",
         env,
