@@ -28,6 +28,7 @@ partial sum handed across a block's boundary). `--no-memoize` runs the plain way
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -54,14 +55,7 @@ def too_large_for_numbers(captured: MemoizedCapture) -> int | None:
     from .witness.numeric import MAX_PARAMETER_ELEMENTS
 
     def parameters(graph: Graph) -> int:
-        count = 0
-        for placeholder in graph.placeholders:
-            if placeholder.kind == "parameter":
-                elements = 1
-                for size in placeholder.meta.shape:
-                    elements *= size
-                count += elements
-        return count
+        return sum(math.prod(p.meta.shape) for p in graph.placeholders if p.kind == "parameter")
 
     total = parameters(captured.reference.skeleton)
     total += sum(parameters(unit.reference) * len(unit.instances) for unit in captured.units)
@@ -80,6 +74,7 @@ def localize_template(
 ) -> WorldSizeResult | None:
     """The failed template localized at its first instance (see the module docstring); None when
     the skeleton does not prove that instance's inputs related as the template assumed."""
+    from .capture.blocks import parse_key
     from .pipeline import Unit
 
     contracts = {contract.rank: contract for contract in failed.contracts}
@@ -116,7 +111,7 @@ def localize_template(
         for ref_value, value, assumed in zip(first.inputs, call.inputs, contract.inputs, strict=False):
             if not block_contracts.holds(premises.index, ref_value, rank, value, assumed):
                 return None
-    instance = key.partition("|")[2] or failed.template
+    instance = parse_key(key)[1] or failed.template
     failing = [
         position
         for position, ref_value in enumerate(template.outputs)

@@ -388,7 +388,7 @@ def verify_memoized(
     terms = [contract for unit in captured.units for contract in unit.contracts]
     # the template proofs and the skeleton's are saturated at once: the skeleton's rules state
     # what each template must guarantee, and it is checked below that its proof does
-    laws = tuple(law for contract in terms for law in block_contracts.rules(contract))
+    skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
     if any(not contract.congruent for contract in terms) and not laws:
         return None  # blocks with more inputs than an opaque call keeps (no rule could relate them)
     sharded = {contract.template for contract in terms if not contract.congruent}
@@ -410,7 +410,6 @@ def verify_memoized(
         else:
             # the parts' obligations read relations of values inside the block, not only outputs
             units.extend(Unit(p.reference, p.reference_values, p.ranks, outputs_only=False) for p in parts)
-    skeletons, _ = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
     units.append(Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws))
     # only the units' outputs are read: anything else not proven is left to the plain run
     proofs = prove_units(sandbox, check, units, outputs_only=True)

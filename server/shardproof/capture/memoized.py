@@ -23,7 +23,7 @@ from torch import nn
 from ..graph.model import Graph
 from ..relations.assumed import Unrelated
 from ..relations.expr import Expr
-from ..verify.block_contracts import BLOCK_TARGET, Contract, contracts
+from ..verify.block_contracts import Contract, call_key, contracts, template_of
 from . import blocks, dtensor
 from .fake_pg import fake_rank, group_ranks
 from .forked import in_own_fork, map_ranks
@@ -132,7 +132,8 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
         def check_first(pieces: ProgramPieces) -> None:
             # rank 0 shows what rules out memoization for every rank (blocks entered
             # sequence-sharded): known before the other ranks are captured
-            _units(capture.memoized_reference[0], [pieces])
+            reference = capture.memoized_reference[0]
+            _units(reference, [pieces], _groups(reference, [pieces]))
 
         ranks = map_ranks(
             capture_rank,
@@ -144,8 +145,8 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
             learn=lambda pieces: _remember(pieces, traced),
         )
     reference = capture.memoized_reference[0]
-    units = _units(reference, ranks)
     groups = _groups(reference, ranks)
+    units = _units(reference, ranks, groups)
     reference = _regrouped(reference, groups)
     ranks = [_regrouped(program, groups) for program in ranks]
     for program in [reference, *ranks]:
@@ -357,9 +358,9 @@ def _template_graph(program: ProgramPieces, path: str) -> Graph:
     return program.templates[own.template]
 
 
-def _units(reference: ProgramPieces, ranks: list[ProgramPieces]) -> list[TemplateUnit]:
+def _units(reference: ProgramPieces, ranks: list[ProgramPieces], groups: dict[str, str]) -> list[TemplateUnit]:
+    """Each template of `groups` (`_groups`) with its graph and values in every program."""
     units: dict[str, TemplateUnit] = {}
-    groups = _groups(reference, ranks)
     paths = {i.path for i in reference.instances} | {i.template for i in reference.instances}
     reference_form = _Forms(reference.values, paths)
     rank_forms = [_Forms(program.values, paths) for program in ranks]
@@ -399,10 +400,10 @@ def _regrouped(program: ProgramPieces, groups: dict[str, str]) -> ProgramPieces:
     instance must name the same template)."""
     nodes = []
     for node in program.skeleton.nodes:
-        args = node.attrs.get("args") or []
-        if node.op == "generic" and node.attrs.get("target") == BLOCK_TARGET and args:
-            _, path = blocks.parse_key(str(args[-1]))
+        if template_of(node) is not None:
+            _, path = blocks.parse_key(call_key(node))
             if path in groups:
+                args = node.attrs["args"]
                 node = replace(node, attrs={**node.attrs, "args": [*args[:-1], f"{groups[path]}|{path}"]})
         nodes.append(node)
     return replace(program, skeleton=replace(program.skeleton, nodes=nodes))
