@@ -392,7 +392,11 @@ def verify_memoized(
     if any(not contract.congruent for contract in terms) and not laws:
         return None  # blocks with more inputs than an opaque call keeps (no rule could relate them)
     sharded = {contract.template for contract in terms if not contract.congruent}
-    stats: dict[str, object] = {"templates": len(captured.units), "block_instances": captured.instance_count}
+    stats: dict[str, object] = {
+        "templates": len(captured.units),
+        "block_instances": captured.instance_count,
+        "stored_rank_captures": captured.stored_ranks,
+    }
     if sharded:
         stats["templates_entered_sharded"] = len(sharded)
     progress(check.name, world_size, "verification")

@@ -30,6 +30,7 @@ SCALED = {
     "flattened into one buffer with another value, viewed back": "        twin = partial * 3\n"
     "        buffer = torch.cat([partial.flatten(), twin.flatten()])\n        dist.all_reduce(buffer)\n"
     "        partial = buffer[: partial.numel()].view_as(partial)\n",
+    "times one before the all-reduce": "        partial = partial * 1\n        dist.all_reduce(partial)\n",
     "summed in float64, cast back": "        partial = partial.double()\n        dist.all_reduce(partial)\n"
     "        partial = partial.float()\n",
 }

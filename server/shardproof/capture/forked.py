@@ -50,6 +50,7 @@ def map_ranks(
     before_own: Callable[[], None] | None = None,
     isolate: bool = False,
     learn: Callable[[T], None] | None = None,
+    known: dict[int, T] | None = None,
 ) -> list[T]:
     """[capture_one(rank) for rank in range(world_size)], the ranks shared among `workers`
     processes (default: one per core). `capture_one` must not change state this process relies on
@@ -61,13 +62,17 @@ def map_ranks(
     `announce(rank)` is called before each rank this process captures (progress reports: a child
     must not write to this process's channels). `isolate`: each rank in a fork of its own (see the
     module docstring); `learn(result)` then runs in the process that asked for each result its
-    fork delivered (what a later rank's fork should start from: graphs it may reuse)."""
-    workers = min(workers or default_workers(), world_size)
+    fork delivered (what a later rank's fork should start from: graphs it may reuse). `known`:
+    results already at hand (stored captures), returned as they are without capturing their ranks."""
+    known = known or {}
+    workers = min(workers or default_workers(), world_size - len(known))
     check = check_first or (lambda _result: None)
     say = announce or (lambda _rank: None)
     prepare = before_own or (lambda: None)
 
     def captured(rank: int) -> T:
+        if rank in known:
+            return known[rank]
         if isolate:
             result = _in_fork(capture_one, rank)
             if result is not _FAILED:
@@ -77,7 +82,8 @@ def map_ranks(
         return capture_one(rank)  # not in a fork of its own: `in_own_fork()` is false
 
     def here(rank: int) -> T:
-        say(rank)
+        if rank not in known:
+            say(rank)
         return captured(rank)
 
     if workers <= 1 or not hasattr(os, "fork"):
@@ -86,7 +92,7 @@ def map_ranks(
         check(first)
         return [first] + [here(rank) for rank in range(1, world_size)]
     _flush_streams()  # else the children would write this process's buffered output again
-    queue = _RankQueue(world_size)
+    queue = _RankQueue(world_size, set(known))
     children: list[tuple[int, int]] = []  # (pid, read end)
     collected: set[int] = set()
     try:
@@ -131,18 +137,22 @@ def map_ranks(
 
 
 class _RankQueue:
-    """The ranks after 0 not yet taken by any process (a counter in memory the forks share)."""
+    """The ranks after 0 not yet taken by any process (a counter in memory the forks share), but
+    those skipped."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, skipped: set[int]) -> None:
         import multiprocessing
 
         self._next = multiprocessing.RawValue("i", 1)
         self._lock = multiprocessing.Lock()
         self._world_size = world_size
+        self._skipped = skipped  # ranks whose results are known: never taken
 
     def take(self) -> int | None:
         with self._lock:
             rank = self._next.value
+            while rank in self._skipped:
+                rank += 1
             if rank >= self._world_size:
                 return None
             self._next.value = rank + 1

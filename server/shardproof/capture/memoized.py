@@ -25,6 +25,7 @@ from ..relations.assumed import Unrelated
 from ..relations.expr import Expr
 from ..verify.block_contracts import Contract, call_key, contracts, template_of
 from . import blocks, dtensor
+from .capture_cache import CaptureCache, read_from_disk
 from .fake_pg import fake_rank, group_ranks
 from .forked import in_own_fork, map_ranks
 from .libraries import library_shims
@@ -36,7 +37,9 @@ from .program import (
     _export,
     _to_meta,
     build_reference_for_ranks,
+    expr_files,
     import_roots,
+    project_files,
 )
 from .provenance import ProvenanceTracker
 
@@ -50,12 +53,15 @@ class ProgramPieces:
     instances: list[blocks.BlockInstance]
     templates: dict[str, Graph] = field(default_factory=dict)  # template path -> its graph
     skeleton_record: str | None = None  # the skeleton's record (blocks.ProgramRecord.skeleton)
+    # the files its capture read: the project modules its process had imported, and those its
+    # operations and parameters came from (what a stored capture is checked against)
+    read_files: set[str] = field(default_factory=set)
 
     def without_modules(self) -> ProgramPieces:
         """The pieces with only what verification reads of the block instances (paths and
         templates, not their modules and meta arguments): what a forked capture sends back."""
         instances = [replace(i, module=None, args=(), kwargs={}, output_spec=None) for i in self.instances]
-        return ProgramPieces(self.skeleton, self.values, instances, self.templates, self.skeleton_record)
+        return replace(self, instances=instances)
 
 
 @dataclass
@@ -77,6 +83,7 @@ class MemoizedCapture:
     reference: ProgramPieces
     ranks: list[ProgramPieces]
     units: list[TemplateUnit]
+    stored_ranks: int = 0  # ranks whose stored capture was used (capture_cache.py)
 
     @property
     def instance_count(self) -> int:
@@ -100,7 +107,7 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
             meta_inputs = _to_meta(capture.example_inputs())
             module, reference_values = _build_reference(capture.build_reference, ProvenanceTracker())
             pending = (module, reference_values, _recorded(module, meta_inputs), meta_inputs)
-            _warm_up_tracing()
+            warm_up_tracing()
 
         def trace_reference() -> None:
             if pending is not None:
@@ -110,11 +117,22 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
 
         meta_inputs = pending[3] if pending is not None else capture.memoized_reference[1]
         traced: dict[tuple[str, str], Graph] = {}  # templates this process traced, for its later ranks
-        if capture.rank_reference is _NOT_BUILT:
+        store = CaptureCache(
+            capture.check,
+            capture.project,
+            world_size,
+            meta_inputs,
+            capture.read_source or read_from_disk,
+            capture.environment_at_start,
+        )
+        known = _stored_ranks(store, world_size)
+        for pieces in known.values():
+            _remember(pieces, traced)
+        if capture.rank_reference is _NOT_BUILT and len(known) < world_size:
             # the reference every rank's builder receives, built once (None: each rank builds its own)
             with library_shims():
                 capture.rank_reference = build_reference_for_ranks(capture.build_reference)
-        shared = capture.rank_reference
+        shared = capture.rank_reference if capture.rank_reference is not _NOT_BUILT else None
         # a fork per rank costs ~0.07 s (a process of torch's size): worth it for a large model only
         isolate = shared is not None and shared.seconds >= _WORTH_A_FORK
 
@@ -127,6 +145,7 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
                 if dtensor.uses_dtensor(parallel):
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
                 pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks, traced)
+            pieces.read_files = project_files(capture.project) | _sources(pieces)
             return pieces.without_modules()
 
         def check_first(pieces: ProgramPieces) -> None:
@@ -143,7 +162,11 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
             before_own=trace_reference,
             isolate=isolate,
             learn=lambda pieces: _remember(pieces, traced),
+            known=known,
         )
+        for rank, pieces in enumerate(ranks):
+            if rank not in known:
+                store.store(f"rank{rank}", pieces, pieces.read_files)
     reference = capture.memoized_reference[0]
     groups = _groups(reference, ranks)
     units = _units(reference, ranks, groups)
@@ -152,7 +175,28 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
     for program in [reference, *ranks]:
         for graph in [program.skeleton, *program.templates.values()]:
             capture.other_sources.update(graph.source_files)
-    return MemoizedCapture(reference, ranks, units)
+    return MemoizedCapture(reference, ranks, units, len(known))
+
+
+def _stored_ranks(store: CaptureCache, world_size: int) -> dict[int, ProgramPieces]:
+    """The ranks whose stored captures still hold (capture_cache.py), by rank."""
+    known = {}
+    if store.enabled:
+        for rank in range(world_size):
+            pieces = store.lookup(f"rank{rank}")
+            if isinstance(pieces, ProgramPieces):
+                known[rank] = pieces
+    return known
+
+
+def _sources(pieces: ProgramPieces) -> set[str]:
+    """The files a program's operations and parameters came from."""
+    files = set(pieces.skeleton.source_files)
+    for graph in pieces.templates.values():
+        files.update(graph.source_files)
+    for expr in pieces.values.values():
+        files.update(expr_files(expr))
+    return {file for file in files if not file.startswith("<")}
 
 
 def _pieces(
@@ -248,9 +292,12 @@ def _names_own_rank(graph: Graph) -> bool:
 _WARM = False
 
 
-def _warm_up_tracing() -> None:
+def warm_up_tracing() -> None:
     """Import what a process's first trace imports (about 2 s of torch's modules: sympy, the
-    export machinery), before the ranks' processes fork, so that each of them does not."""
+    export machinery), before the ranks' processes fork, so that each of them does not. The
+    first trace also sets `TORCHINDUCTOR_CACHE_DIR`: a long-lived process warms up before its
+    first run, so that every run starts from the same environment (stored captures are checked
+    against it, capture_cache.py)."""
     global _WARM
     if _WARM:
         return

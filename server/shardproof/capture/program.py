@@ -85,11 +85,17 @@ def import_roots(paths: tuple[Path, ...]) -> Iterator[None]:
                 sys.path.remove(p)
 
 
+_ROOTS_SEEN: set[str] = set()  # the import roots of every project this process verified
+
+
 def forget_project_modules(project: Project) -> None:
     """Drop already-imported modules of the user's project (by location, and by the packages its
     checks name) so the next import sees the files as they are now: a long-lived worker verifies
-    the project again after edits, or another project with the same package names."""
-    roots = tuple(str(p) + "/" for p in project.python_path)
+    the project again after edits, or another project with the same package names. Modules of a
+    project verified before are dropped too: another project's helper module of the same name
+    (`from comm import reduce`) must not stand for this one's."""
+    _ROOTS_SEEN.update(str(p) + "/" for p in project.python_path)
+    roots = tuple(_ROOTS_SEEN)
     specs = [spec for c in project.checks for spec in (c.reference, c.parallel, c.inputs)]
     packages = {spec.split(":")[0].split(".")[0] for spec in specs}
     for name, module in list(sys.modules.items()):
@@ -110,14 +116,14 @@ def project_files(project: Project) -> set[str]:
     return files
 
 
-def _expr_files(expr: Expr) -> set[str]:
+def expr_files(expr: Expr) -> set[str]:
     from ..relations.expr import children
 
     files = set()
     if expr.site is not None:
         files.update(f.file for f in expr.site.frames)
     for child in children(expr):
-        files.update(_expr_files(child))
+        files.update(expr_files(child))
     return files
 
 
@@ -572,6 +578,10 @@ class CheckCapture:
         self.memoized_reference: Any = None  # the reference cut at its blocks (capture/memoized.py)
         self.rank_reference: Any = _NOT_BUILT  # the reference each rank receives, built once (memoized.py)
         self.captured: list[CaptureResult] = []  # every world size captured so far (for dependencies)
+        # how the project's files read now (the editor's unsaved buffers; None: from the disk), and
+        # the environment the run started with: what stored captures are checked against
+        self.read_source: Callable[[str], str | None] | None = None
+        self.environment_at_start = environment.snapshot()
         with import_roots(project.python_path):
             forget_project_modules(project)
             self.build_reference = load_callable(check.reference, "reference", check, project)
@@ -596,7 +606,7 @@ class CheckCapture:
             graphs.extend(r.graph for r in result.ranks)
             for rank in result.ranks:
                 for expr in rank.values.values():
-                    files.update(_expr_files(expr))
+                    files.update(expr_files(expr))
         for graph in graphs:
             files.update(graph.source_files)
         files.update(self.other_sources)

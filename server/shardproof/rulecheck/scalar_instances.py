@@ -117,6 +117,16 @@ def _(g: Gen) -> dict[str, Any]:
     return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": a, "b": b, "c": a * b}
 
 
+@instance("scaling-by-one", "add-zero", "sub-zero")
+def _(g: Gen) -> dict[str, Any]:
+    return {"X": g.tensor(*_shape(g, g.int(1, 3))), "f": g.pick(_SCALINGS)}
+
+
+@near_miss("scaling-by-one")
+def _(g: Gen) -> dict[str, Any]:
+    return {"X": g.tensor(*_shape(g, g.int(1, 3))), "f": g.pick(_NOT_SCALINGS)}  # X + 1, X - 1 are not X
+
+
 @instance("division-undoes-multiple", "multiple-undoes-division")
 def _(g: Gen) -> dict[str, Any]:
     return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": g.pick((-3, -2, 2, 3, 5, 8))}

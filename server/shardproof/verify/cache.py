@@ -85,16 +85,17 @@ def saturate_all(sandbox: Saturates, jobs: list[Job]) -> list[tuple[Saturation, 
     for index, result in computed.items():
         path = paths[index]
         if path is not None and result.status in _KEPT and result.facts is not None:
-            _write(path, json.dumps(result.to_dict()))
+            write_atomically(path, json.dumps(result.to_dict()))
     return [(found[index], True) if index in found else (computed[index], False) for index in range(len(jobs))]
 
 
-def _write(path: Path, text: str) -> None:
+def write_atomically(path: Path, data: str | bytes) -> None:
     """Write atomically, so a concurrent reader never sees half an entry."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
-            handle.write(text)
+        mode = "wb" if isinstance(data, bytes) else "w"
+        with tempfile.NamedTemporaryFile(mode, dir=path.parent, delete=False, suffix=".tmp") as handle:
+            handle.write(data)
         os.replace(handle.name, path)
     except OSError:
         pass  # a read-only or full cache directory only costs the next run its saturation
@@ -169,7 +170,7 @@ def store_result(
         "whole_environment": EVERYTHING in names_read,
         "result": result,
     }
-    _write(path, json.dumps(entry))
+    write_atomically(path, json.dumps(entry))
 
 
 def _file_digest(path: Path) -> str | None:

@@ -144,6 +144,7 @@ class Worker:
         used: list[tuple[Any, str]] = []
 
         def prepare(capture: Any) -> None:
+            capture.read_source = lambda path: read_source(path, overlay)  # stored captures hold for these
             digest = self._files_digest(capture.reference_files, overlay, (check.reference, check.inputs))
             cached = self.references.get(key)
             if cached is not None and cached[0] == digest:
@@ -190,7 +191,10 @@ def main() -> None:
     import egglog  # noqa: F401 - import the heavy libraries before saying ready
     import torch
 
+    from ..capture.memoized import warm_up_tracing
     from . import stacks
+
+    warm_up_tracing()  # every run then starts from the same environment (see warm_up_tracing)
 
     stacks.register()  # the server may ask where a long job is in the user's code
     worker = Worker(protocol_out)
