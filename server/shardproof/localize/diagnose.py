@@ -17,6 +17,8 @@ tried in this order, and the first that applies gives the report:
                          SUM): the op is what to change
    term-coverage         an all-reduce of the ranks' sums of terms (experts) that does not add
                          every term of the reference's sum exactly once
+   unpacked-buffer       values concatenated, reduced as one buffer, and sliced back out across
+                         two of them (a coalesced all-reduce unpacked at the wrong offset)
 2. duplicate-reduction   an all-reduce of a value already complete, when it is no later than the
                          first broken value (it is what breaks it)
 3. value detectors, at the first broken value, on the first rank where one names a line:
@@ -58,6 +60,7 @@ from .detectors.scaled_gradient import scaled_gradient
 from .detectors.stage_handover import stage_handover
 from .detectors.target_pick_mask import target_pick_mask
 from .detectors.term_coverage import term_coverage
+from .detectors.unpacked_buffer import unpacked_buffer
 from .detectors.wrong_constant import wrong_constant
 from .evidence import Evidence
 from .number_origin import relocated
@@ -80,6 +83,7 @@ PROGRAM_DETECTORS = [
         "wrong-collective-op", "the relations of reducing collectives' inputs and outputs", wrong_collective_op
     ),
     ProgramDetector("term-coverage", "the terms of the sums all-reduced and of the reference's sums", term_coverage),
+    ProgramDetector("unpacked-buffer", "slices of reduced concatenations and the pieces' sizes", unpacked_buffer),
 ]
 VALUE_DETECTORS = [
     ValueDetector("stage-handover", "point-to-point sends", stage_handover),

@@ -67,6 +67,7 @@ class CollectiveLowering:
                 total = f"(SumN {collection})"
                 if not self.factor_out:  # (the sums' terms are not known as unscaled cores)
                     self.commands.extend(self.sums.total_facts(total, inputs))
+                    self._coalesced(total, group, calls, graphs)
                 return total if op == "sum" else self._scaled(total, Fraction(1, len(group)))
             if op not in ("max", "min"):
                 return f"(Leaf {_q('unsupported reduction ' + op)})"
@@ -95,6 +96,30 @@ class CollectiveLowering:
         if coll.kind == "all_to_all":
             return self._all_to_all(group, rank, calls, graphs, inputs, metas)
         return f"(Leaf {_q('unsupported collective ' + coll.kind)})"
+
+    def _coalesced(self, total: str, group: tuple[int, ...], calls: dict[int, Node], graphs: dict[int, Graph]) -> None:
+        """An all-reduce of a buffer every rank concatenates alike (a coalesced all-reduce: values
+        flattened into one buffer, reduced once) is the concatenation of the pieces' sums: a sum is
+        elementwise, sum_r cat(a_r, b_r) = cat(sum_r a_r, sum_r b_r). Stated as a union, so each
+        piece's sum is an all-reduce of its own (whatever relates the pieces' ranks' values)."""
+        cats = [graphs[r].node_map().get(calls[r].inputs[0]) for r in group]
+        if any(c is None or c.op != "cat" for c in cats):
+            return
+        shapes = [[graphs[r].meta_of(v).shape for v in c.inputs] for r, c in zip(group, cats, strict=True)]
+        dims = {c.attrs.get("dim", 0) % max(len(shapes[0][0]), 1) for c in cats if shapes[0]}
+        if len(dims) != 1 or any(s != shapes[0] for s in shapes) or len(shapes[0]) < 2:
+            return  # the ranks' buffers are not cut alike
+        sums, metas = [], []
+        for position in range(len(shapes[0])):
+            pieces = [self.term(graphs[r], c.inputs[position]) for r, c in zip(group, cats, strict=True)]
+            for t in pieces:
+                self.commands.append(f"(arin {t})")
+            piece_total = f"(SumN (multiset-of {' '.join(pieces)}))"
+            self.commands.extend(self.sums.total_facts(piece_total, pieces))
+            sums.append(piece_total)
+            metas.append(graphs[group[0]].meta_of(cats[0].inputs[position]))
+        dim = dims.pop() - len(shapes[0][0])  # negative, as the encoder writes a concatenation's dim
+        self.commands.append(f"(union {total} {self._inline_cat(sums, metas, dim)})")
 
     def _inline_cat(self, parts: list[str], metas: list[TensorMeta], dim: int) -> str:
         if len(parts) == 1:

@@ -239,6 +239,22 @@ class ResidualMLPBlock(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
+class ParallelResidualBlock(nn.Module):
+    """GPT-J / Falcon's parallel residual: attention and MLP both read x, their outputs added."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = GQAAttention()
+        self.mlp = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(x) + self.mlp(x)
+
+
+def parallel_residual_block() -> ParallelResidualBlock:
+    return ParallelResidualBlock()
+
+
 def mlp() -> MLP:
     return MLP()
 
