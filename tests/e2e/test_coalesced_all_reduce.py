@@ -43,3 +43,18 @@ def test_two_values_reduced_in_one_buffer(unpacked: str, verdict: str, tmp_path:
         line = buffers.read_text().splitlines().index("        " + BUG) + 1
         assert (Path(finding.primary.file).name, finding.primary.line) == ("buffers.py", line)
         assert "[256:512]" in finding.message and finding.kind == "wrong-layout"
+
+
+def test_the_bias_added_after_the_residual_is_the_same_sum(tmp_path: Path, sandbox) -> None:
+    # (x + attn + mlp) + bias, where the reference adds the bias to the MLP's output first:
+    # addition regrouped where the reference's grouping is a term (regroup-sum-as-written-elsewhere)
+    root = tmp_path / "corpus"
+    shutil.copytree(CORPUS, root, ignore=shutil.ignore_patterns("__pycache__"))
+    buffers = root / "localization" / "buffers.py"
+    text = buffers.read_text().replace(BUG, "mlp = buffer[n : 2 * n].view_as(mlp)")
+    text = text.replace("return x + attn + mlp\n", "return x + attn + mlp + self.down_b\n")
+    assert text.count("self.down_b\n") == 1
+    buffers.write_text(text)
+    project = load_project(root)
+    (outcome,) = verify_check(project.check("coalesced-unpacked-off-by-one"), project, [2], sandbox).results
+    assert outcome.verdict == "verified", outcome.summary

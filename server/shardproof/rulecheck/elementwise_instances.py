@@ -39,3 +39,11 @@ def _(g: Gen) -> dict[str, Any]:
 def _(g: Gen) -> dict[str, Any]:
     # a cast to an integer type truncates (the recipe's values are not whole numbers)
     return {"x": g.tensor(*_shape(g, g.int(1, 3))) + 0.5, "f": g.pick(("cast_int64", "cast_int32", "cast_bool"))}
+
+
+@instance("regroup-sum-as-written-elsewhere")
+def _(g: Gen) -> dict[str, Any]:
+    """a and c of one shape, b broadcast to it (a bias) or of that shape too."""
+    shape = _shape(g, g.int(1, 3))
+    b_shape = g.pick([shape, shape[-1:], [1] * len(shape)])
+    return {"a": g.tensor(*shape), "c": g.tensor(*shape), "b": g.tensor(*b_shape)}

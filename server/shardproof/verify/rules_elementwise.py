@@ -1,0 +1,162 @@
+"""Elementwise rules (family `elementwise`): an elementwise operation keeps the selections,
+windows and broadcasts of its operands, and sums regrouped where the reference groups them
+otherwise."""
+
+from __future__ import annotations
+
+from .rules import Rule, registrar
+
+ELEMENTWISE_RULES: list[Rule] = []
+
+_rule = registrar(ELEMENTWISE_RULES)
+
+_rule(
+    "unary-keeps-selection",
+    "elementwise",
+    "f(X)[R] = f(X[R]) for elementwise f",
+    "(rule ((= Y (Un f X)) (= y (Un f x)) (sel X x d R)) ((sel Y y d R)))",
+)
+_rule(
+    "unary-of-view",
+    "elementwise",
+    "an elementwise op on a view of m is the view of the op on m (GPT-2's Conv1D views its output back to 3 "
+    "dims before the activation, a rank that stays flat does not)",
+    "(rule ((= n (Un f u)) (= u (View m sh)) (vshape m s0) (= k (nd m))) "
+    "((union n (View (Un f m) sh)) (set (nd (Un f m)) k) (vshape (Un f m) s0)))",
+)
+_rule(
+    "floating-cast-keeps-the-value",
+    "elementwise",
+    "a cast to a floating dtype is its input's value (real-number semantics: it only rounds), so a rank that "
+    "sums its partial sums in float64 and casts the total back computes the value itself",
+    "(rule ((= y (Un f x)) (real-cast f)) ((union y x)))",
+)
+_rule(
+    "unary-keeps-sizes",
+    "elementwise",
+    "an elementwise op keeps its input's sizes",
+    "(rule ((= y (Un f x)) (= n (sz x d))) ((set (sz y d) n)))",
+)
+_rule(
+    "scalar-keeps-selection",
+    "elementwise",
+    "f(X, c)[R] = f(X[R], c)",
+    "(rule ((= Y (Sc f X c)) (= y (Sc f x c)) (sel X x d R)) ((sel Y y d R)))",
+)
+_rule(
+    "int-scalar-keeps-selection",
+    "elementwise",
+    "f(X, c)[R] = f(X[R], c)",
+    "(rule ((= Y (ScI f X c)) (= y (ScI f x c)) (sel X x d R)) ((sel Y y d R)))",
+)
+_rule(
+    "unary-keeps-window",
+    "elementwise",
+    "elementwise ops keep window selections",
+    "(rule ((= Y (Un f X)) (= y (Un f x)) (selw X x d lo hi n)) ((selw Y y d lo hi n)))",
+)
+_rule(
+    "binary-both-selected",
+    "elementwise",
+    "f(A, B)[R] = f(A[R], B[R])",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (sel A a d R) (sel B b d R)) ((sel Y y d R)))",
+)
+_rule(
+    "regroup-selected-sum-right",
+    "elementwise",
+    "(a + c) + b = a + (c + b): a rank adding two selections and then a replicated term, where the reference "
+    "groups the last two (a residual, then a bias added after the reduce-scatter)",
+    '(rule ((= y (Bin "add" ac b)) (= ac (Bin "add" a c)) (sel X a d R) (sel C c d R) (= Y (Bin "add" X Cb)) '
+    '(= Cb (Bin "add" C b))) ((union y (Bin "add" a (Bin "add" c b)))))',
+)
+_rule(
+    "regroup-selected-sum-left",
+    "elementwise",
+    "a + (c + b) = (a + c) + b: as regroup-selected-sum-right, the groupings exchanged",
+    '(rule ((= y (Bin "add" a cb)) (= cb (Bin "add" c b)) (sel X a d R) (sel C c d R) (= Y (Bin "add" XC b)) '
+    '(= XC (Bin "add" X C))) ((union y (Bin "add" (Bin "add" a c) b))))',
+)
+_rule(
+    "regroup-sum-as-written-elsewhere",
+    "elementwise",
+    "(a + c) + b = a + (c + b), where the other grouping is already a term (the reference adds the bias to "
+    "the layer's output before the residual, a rank after it)",
+    '(rule ((= y (Bin "add" (Bin "add" a c) b)) (= Y (Bin "add" a (Bin "add" c b)))) ((union y Y)))',
+)
+_rule(
+    "binary-left-selected-right-broadcast",
+    "elementwise",
+    "f(A, B)[R] = f(A[R], B) when B is broadcast along the dim",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (sel A a d R) (= 1 (sz B d))) ((sel Y y d R)))",
+)
+_rule(
+    "binary-left-selected-right-lower-rank",
+    "elementwise",
+    "f(A, B)[R] = f(A[R], B) when B has no such dim",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a B)) (sel A a d R) (= k (nd B)) (< k (- 0 d))) ((sel Y y d R)))",
+)
+_rule(
+    "binary-right-selected-left-broadcast",
+    "elementwise",
+    "f(A, B)[R] = f(A, B[R]) when A is broadcast along the dim",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f A b)) (sel B b d R) (= 1 (sz A d))) ((sel Y y d R)))",
+)
+_rule(
+    "binary-right-selected-left-lower-rank",
+    "elementwise",
+    "f(A, B)[R] = f(A, B[R]) when A has no such dim",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f A b)) (sel B b d R) (= k (nd A)) (< k (- 0 d))) ((sel Y y d R)))",
+)
+_rule(
+    "window-meets-selection-left",
+    "elementwise",
+    "a window operand combined with a selected one is that selection (any window position is)",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (selw A a d lo hi n) (sel B b d (RCons s e (RNil))) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel A a d (RCons s e (RNil)))))",
+)
+_rule(
+    "window-meets-selection-right",
+    "elementwise",
+    "as window-meets-selection-left, operands swapped",
+    "(rule ((= Y (Bin f A B)) (= y (Bin f a b)) (selw B b d lo hi n) (sel A a d (RCons s e (RNil))) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel B b d (RCons s e (RNil)))))",
+)
+_rule(
+    "window-meets-selection-in-concat-left",
+    "concat",
+    "a window piece concatenated with a selected piece is that selection (any window position is): a key "
+    "shared by every head, expanded to a rank's heads, next to the rank's block of per-head keys",
+    "(rule ((= C (Cat A B d2)) (= c (Cat a b d2)) (selw A a d lo hi n) (sel B b d (RCons s e (RNil))) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel A a d (RCons s e (RNil)))))",
+)
+_rule(
+    "window-meets-selection-in-concat-right",
+    "concat",
+    "as window-meets-selection-in-concat-left, pieces swapped",
+    "(rule ((= C (Cat A B d2)) (= c (Cat a b d2)) (selw B b d lo hi n) (sel A a d (RCons s e (RNil))) "
+    "(= n (- e s)) (<= lo s) (<= s hi)) ((sel B b d (RCons s e (RNil)))))",
+)
+_rule(
+    "fill-selected-mask-broadcast",
+    "elementwise",
+    "masked_fill(X, M, v)[R] = masked_fill(X[R], M, v)",
+    "(rule ((= Y (Fill X M v)) (= y (Fill x M v)) (sel X x d R) (= 1 (sz M d))) ((sel Y y d R)))",
+)
+_rule(
+    "fill-selected-mask-lower-rank",
+    "elementwise",
+    "masked_fill(X, M, v)[R] = masked_fill(X[R], M, v) when M has no such dim (a causal mask over heads)",
+    "(rule ((= Y (Fill X M v)) (= y (Fill x M v)) (sel X x d R) (= k (nd M)) (< k (- 0 d))) ((sel Y y d R)))",
+)
+_rule(
+    "fill-both-selected",
+    "elementwise",
+    "masked_fill(X, M, v)[R] = masked_fill(X[R], M[R], v)",
+    "(rule ((= Y (Fill X M v)) (= y (Fill x m v)) (sel X x d R) (sel M m d R)) ((sel Y y d R)))",
+)
+_rule(
+    "where-all-selected",
+    "elementwise",
+    "where(C, A, B)[R] = where(C[R], A[R], B[R])",
+    "(rule ((= Y (Where C A B)) (= y (Where c a b)) (sel C c d R) (sel A a d R) (sel B b d R)) ((sel Y y d R)))",
+)
