@@ -45,7 +45,10 @@ class ExpertParallel(nn.Module):
         out = torch.zeros_like(x)
         for expert_id, expert in zip(self.ids, self.experts):
             index = expert_id - self.first if self.variant == "local-index" else expert_id
-            gate = (weights * (chosen == index)).sum(-1, keepdim=True)
+            mask = chosen == index
+            if self.variant == "cast-mask":  # 1.0 where routed, 0.0 elsewhere: the same mask
+                mask = mask.to(weights.dtype)
+            gate = (weights * mask).sum(-1, keepdim=True)
             out = out + gate * expert(x)
         if self.variant != "not-reduced":
             dist.all_reduce(out)
@@ -59,6 +62,7 @@ def build(variant):
 
 
 correct = build("correct")
+cast_mask = build("cast-mask")
 skips = build("skips")
 repeats = build("repeats")
 local_index = build("local-index")
@@ -76,7 +80,7 @@ def project(tmp_path_factory) -> Path:
         f'[[tool.shardproof.check]]\nname = "{name}"\nreference = "frameworks.models:moe"\n'
         f'parallel = "experts:{name}"\ninputs = "frameworks.models:tokens"\nworld-sizes = [2, 4]\n'
         'outputs = "replicated"\n\n'
-        for name in ["correct", *VARIANTS]
+        for name in ["correct", "cast_mask", *VARIANTS]
     )
     (root / "pyproject.toml").write_text(f'[tool.shardproof]\npython-path = [".", "{CORPUS.as_posix()}"]\n\n{checks}')
     return root
@@ -89,8 +93,9 @@ def _verdicts(project: Path, name: str, sandbox) -> list[tuple[int, str]]:
     return [(r.world_size, r.verdict) for r in result.results]
 
 
-def test_per_rank_sums_of_whole_experts_all_reduced_are_verified(project: Path, sandbox) -> None:
-    assert _verdicts(project, "correct", sandbox) == [(2, "verified"), (4, "verified")]
+@pytest.mark.parametrize("name", ["correct", "cast_mask"])
+def test_per_rank_sums_of_whole_experts_all_reduced_are_verified(project: Path, name: str, sandbox) -> None:
+    assert _verdicts(project, name, sandbox) == [(2, "verified"), (4, "verified")]
 
 
 @pytest.mark.parametrize("name", VARIANTS)

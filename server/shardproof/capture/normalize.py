@@ -453,8 +453,11 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
     def masked(self, fx: torch.fx.Node, left: str, right: str, meta: TensorMeta) -> bool:
         """x * mask with a boolean mask is x where the mask holds and 0 elsewhere: written as the
         fill of the mask's negation with 0, the one form of masking the rules know (masked_fill,
-        where). Only when x already has the product's shape and type (the mask broadcasts)."""
+        where). Only when x already has the product's shape and type (the mask broadcasts). A mask
+        cast to a number type first (`mask.to(x.dtype)`, 1 where it holds and 0 elsewhere) is that
+        mask."""
         for value, mask in ((left, right), (right, left)):
+            mask = self._bool_before_cast(mask)
             value_meta, mask_meta = self.meta(value), self.meta(mask)
             if mask_meta.dtype != "bool" or value_meta.dtype == "bool":
                 continue
@@ -464,6 +467,15 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             self.add(fx, "fill", [value, negated], {"value": 0.0}, meta)
             return True
         return False
+
+    def _bool_before_cast(self, value: str) -> str:
+        """The boolean a value was cast from (true is 1, false is 0), else the value itself."""
+        node = self.nodes_by_id.get(value)
+        if node is not None and node.op == "unary" and str(node.attrs.get("fn", "")).startswith("cast_"):
+            source = node.inputs[0]
+            if self.meta(source).dtype == "bool":
+                return source
+        return value
 
     # -- complex numbers, in real terms ----------------------------------------------------------
     # Meta's Llama code rotates queries and keys as complex numbers: view_as_complex, a complex
