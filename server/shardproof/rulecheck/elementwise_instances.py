@@ -47,3 +47,14 @@ def _(g: Gen) -> dict[str, Any]:
     shape = _shape(g, g.int(1, 3))
     b_shape = g.pick([shape, shape[-1:], [1] * len(shape)])
     return {"a": g.tensor(*shape), "c": g.tensor(*shape), "b": g.tensor(*b_shape)}
+
+
+@instance("expand-source-window")
+def _(g: Gen) -> dict[str, Any]:
+    """A value of size 1 along one dim, expanded along it only."""
+    shape = _shape(g, g.int(2, 3))
+    d = g.int(-len(shape), -1)
+    shape[d] = 1
+    out = list(shape)
+    out[d] = g.int(2, 5)
+    return {"X": g.tensor(*shape), "s": g.text(tuple(out))}

@@ -51,7 +51,7 @@ CLASS_RELATIONS = {
 # compose is a fact about the pair.
 PERMUTATION_RELATIONS = {"pmap", "ptail"}
 COMPOSITION_RELATIONS = {"pcompose", "pinverse"}
-FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "vsqueeze", "emap", "ebk"} | PERMUTATION_RELATIONS
+FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "vsqueeze", "emap", "ebk", "ebsrc"} | PERMUTATION_RELATIONS
 FRONT_END_RELATIONS |= COMPOSITION_RELATIONS
 _STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS | {"multiset-of", "multiset-insert"}
 # Casts of every dtype the capture can produce: the encoder declares the ones it sees.

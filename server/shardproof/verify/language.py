@@ -138,6 +138,7 @@ DECLARATIONS = r"""
 (relation pinverse (String String))
 (relation emap (T i64 String))
 (relation ebk (T i64 String))
+(relation ebsrc (T i64))
 
 (relation node (T String))
 """

@@ -147,12 +147,19 @@ def unit_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...])
 
 def broadcast_facts(name: str, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[str]:
     """(ebk y d key): dim d of expansion y is broadcast (absent or of size 1 in the source); key is
-    y's shape with dim d left out, so two expansions of one value with equal keys differ only along d."""
+    y's shape with dim d left out, so two expansions of one value with equal keys differ only along d.
+    (ebsrc y d): y broadcasts only dim d, from size 1."""
     facts = []
     for k in range(1, len(out_shape) + 1):
         if k > len(in_shape) or in_shape[-k] == 1:
             key = ",".join("_" if i == len(out_shape) - k else str(s) for i, s in enumerate(out_shape))
             facts.append(f"(ebk {name} {-k} {_q(key)})")
+    # (ebsrc y d): the source is y with dim d cut to size 1 (the only dim the expansion broadcasts)
+    broadcast = (
+        [d for d in range(len(out_shape)) if in_shape[d] != out_shape[d]] if len(in_shape) == len(out_shape) else []
+    )
+    if len(broadcast) == 1 and in_shape[broadcast[0]] == 1:
+        facts.append(f"(ebsrc {name} {broadcast[0] - len(out_shape)})")
     return facts
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "30"
+RULE_LIBRARY_VERSION = "31"
 
 
 @dataclass(frozen=True)
@@ -241,6 +241,13 @@ _rule(
     "the longer shape (every position along a broadcast dim holds the same values)",
     "(rule ((= Y (Expand X s1)) (= y (Expand X s2)) (ebk Y d key) (ebk y d key) (= n (sz y d)) (= K (sz Y d)) "
     "(< n K)) ((selw Y y d 0 (- K n) n)))",
+)
+_rule(
+    "expand-source-window",
+    "layout",
+    "a value of size 1 along the one dim its expansion broadcasts is any one-wide window of the expansion (a "
+    "rank holding one head of a value the reference shares across its heads)",
+    "(rule ((= Y (Expand X s)) (ebsrc Y d) (= K (sz Y d))) ((selw Y X d 0 (- K 1) 1)))",
 )
 _rule(
     "repeat-scales-selection",
