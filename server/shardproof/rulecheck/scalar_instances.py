@@ -117,7 +117,7 @@ def _(g: Gen) -> dict[str, Any]:
     return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": a, "b": b, "c": a * b}
 
 
-@instance("scaling-by-one", "add-zero", "sub-zero")
+@instance("scaling-by-one")
 def _(g: Gen) -> dict[str, Any]:
     return {"X": g.tensor(*_shape(g, g.int(1, 3))), "f": g.pick(_SCALINGS)}
 

@@ -94,13 +94,6 @@ _rule(
     "X * 1 = X and X / 1 = X (a multiplier left at its default; a partial sum times 1 before its all-reduce)",
     "(rule ((= y (ScI f X 1)) (scaling f)) ((union y X)))",
 )
-for _fn in ("add", "sub"):
-    _rule(
-        f"{_fn}-zero",
-        "normalization",
-        f"X {'+' if _fn == 'add' else '-'} 0 = X (a rewrite keeps the term: rules still read an offset of 0)",
-        f'(rewrite (ScI "{_fn}" X 0) X)',
-    )
 _rule(
     "division-undoes-multiple",
     "normalization",
