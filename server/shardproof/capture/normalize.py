@@ -97,6 +97,7 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         self.complex_parts: dict[str, tuple[str, str]] = {}
         self.decomposition_depth = 0  # how deep decompose.inline is in its own decompositions
         self.folder = ConstantFolder()  # values computed from constants alone (folding.py)
+        self.scalar_constants: dict[str, Any] = {}  # lifted 0-dim constants -> their numbers
 
     # -- helpers ----------------------------------------------------------------------------------
     def value(self, arg: Any) -> str:
@@ -166,6 +167,8 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
                 if kind == "input":
                     target = str(user_input_index)
                     user_input_index += 1
+                if kind == "constant":
+                    self._note_constant(fx.name, target)
                 self.graph.placeholders.append(Placeholder(fx.name, kind, target, meta))
                 self.metas[fx.name] = meta
             elif fx.op == "call_function":
@@ -415,8 +418,21 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
 
     def scalar_or_value(self, arg: Any) -> tuple[str | None, Any]:
         if isinstance(arg, torch.fx.Node):
+            number = self.scalar_constants.get(self.alias.get(arg.name, arg.name))
+            if number is not None:
+                return None, number
             return self.value(arg), None
         return None, _literal(arg)
+
+    def _note_constant(self, name: str, target: str) -> None:
+        """A 0-dim tensor made in the forward from a number (`h * torch.tensor(d ** 0.5)`, Gemma's
+        normalizer): export lifts it with its value. An operation with it is the operation with
+        that number (type promotion treats a 0-dim tensor like a number), so it is written as one."""
+        value = getattr(self.program, "constants", {}).get(target)
+        if not isinstance(value, torch.Tensor) or value.dim() != 0 or value.device.type == "meta":
+            return
+        if not value.is_complex() and value.dtype != torch.bool:
+            self.scalar_constants[name] = _literal(value.item())
 
     def binary(self, fx: torch.fx.Node, fn: str, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> None:
         left, right = args[0], args[1] if len(args) > 1 else kwargs.get("other")
