@@ -33,8 +33,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .localize.diagnose import Evidence, explain
-from .localize.unproven import as_unproven, shown
-from .results import Unsupported, WorldSizeResult
+from .localize.unproven import settle
+from .results import Discrepancy, WorldSizeResult
 from .verify import block_contracts
 from .verify.relations_found import RelationIndex
 from .verify.verdict import output_relations
@@ -211,30 +211,20 @@ def _finding_result(
     )
     finding = explain(evidence, failing)
     result = WorldSizeResult(world_size, "unproven", seconds=seconds, stats=stats | {"localized_in": where})
-    if isinstance(finding, Unsupported):
-        result.verdict = "inconclusive"
-        result.inconclusive.append(finding)
-        result.summary = finding.message
-        return result
-    node = reference.node_map().get(finding.reference_node)
-    module_path = node.module_path if node is not None else ""
-    finding.witness = witness(
-        check, project, world_size, module_path, finding.kind, None, compared_constants([reference, *ranks])
-    )
-    if shown(finding):
-        result.verdict = "discrepancy"
-        result.discrepancies.append(finding)
-        result.summary = finding.message
-        return result
+
+    def run_witness(found: Discrepancy) -> dict[str, object]:
+        node = reference.node_map().get(found.reference_node)
+        module_path = node.module_path if node is not None else ""
+        return witness(
+            check, project, world_size, module_path, found.kind, None, compared_constants([reference, *ranks])
+        )
+
     compared = evidence.outputs_of if evidence.outputs_of is not None else list(range(len(ranks)))
-    unproven = as_unproven(finding, reference, index, compared)
-    unproven.message += (
+    note = (
         f"; found in {where}; the layers were not traced one by one, the model being too large to run with real"
         " numbers (`--no-memoize` traces every layer)"
     )
-    result.unproven.append(unproven)
-    result.summary = unproven.message
-    return result
+    return settle(result, finding, reference, index, compared, run_witness, note)
 
 
 def _as_instance(graph: Graph, instance: str) -> Graph:

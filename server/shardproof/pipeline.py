@@ -16,7 +16,7 @@ from .config import Check, Project
 from .errors import CollectiveCallError, ShardproofError
 from .localize.diagnose import Evidence, explain
 from .localize.sites import to_site
-from .localize.unproven import as_unproven, shown
+from .localize.unproven import settle
 from .results import CheckResult, Discrepancy, Unsupported, WorldSizeResult
 from .verify import block_contracts
 from .verify.cache import cached_result, result_key, store_result
@@ -284,29 +284,18 @@ def verify_world_size(
     )
     finding = explain(evidence, failing)
     seconds["localization"] = time.perf_counter() - start
-    if isinstance(finding, Unsupported):
-        result.verdict = "inconclusive"
-        result.inconclusive.append(finding)
-        result.summary = finding.message
-        return result
-    if numeric_witness:
+
+    def run_witness(found: Discrepancy) -> dict[str, object]:
+        if not numeric_witness:
+            return {"status": "not-run", "reason": "the numeric witness was not run"}
         progress(check.name, world_size, "numeric witness")
-        start = time.perf_counter()
-        finding.witness = _witness(finding, check, capture.project, captured, world_size)
-        seconds["witness"] = time.perf_counter() - start
-    else:
-        finding.witness = {"status": "not-run", "reason": "the numeric witness was not run"}
-    if shown(finding):
-        result.verdict = "discrepancy"
-        result.discrepancies.append(finding)
-        result.summary = finding.message
-        return result
+        begun = time.perf_counter()
+        shown_by = _witness(found, check, capture.project, captured, world_size)
+        seconds["witness"] = time.perf_counter() - begun
+        return shown_by
+
     compared_ranks = evidence.outputs_of if evidence.outputs_of is not None else list(range(len(ranks)))
-    unproven = as_unproven(finding, captured.reference.graph, index, compared_ranks)
-    result.verdict = "unproven"
-    result.unproven.append(unproven)
-    result.summary = unproven.message
-    return result
+    return settle(result, finding, captured.reference.graph, index, compared_ranks, run_witness)
 
 
 def _witness(

@@ -10,10 +10,11 @@ first value without a relation is computed, what the numbers said, and what the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..graph.model import Graph
-from ..results import Discrepancy
+from ..results import Discrepancy, Unsupported, WorldSizeResult
 from ..verify.relations_found import RelationIndex
 from .wording import describe_op
 
@@ -24,6 +25,37 @@ SHOWN_BY_PROOF = ("collective-mismatch",)
 def shown(finding: Discrepancy) -> bool:
     """Whether `finding` is a shown difference: proven structurally, or confirmed by numbers."""
     return finding.kind in SHOWN_BY_PROOF or (finding.witness or {}).get("status") == "confirmed"
+
+
+def settle(
+    result: WorldSizeResult,
+    finding: Discrepancy | Unsupported,
+    reference: Graph,
+    index: RelationIndex,
+    compared: list[int],
+    witness: Callable[[Discrepancy], dict[str, object]],
+    note: str = "",
+) -> WorldSizeResult:
+    """The verdict a localized finding gives `result`: inconclusive where the rules cannot follow
+    the program, a discrepancy when its witness (or a proof) shows it, else unproven (`note`: what
+    the report adds on where and how it was found)."""
+    if isinstance(finding, Unsupported):
+        result.verdict = "inconclusive"
+        result.inconclusive.append(finding)
+        result.summary = finding.message
+        return result
+    finding.witness = witness(finding)
+    if shown(finding):
+        result.verdict = "discrepancy"
+        result.discrepancies.append(finding)
+        result.summary = finding.message
+        return result
+    unproven = as_unproven(finding, reference, index, compared)
+    unproven.message += note
+    result.verdict = "unproven"
+    result.unproven.append(unproven)
+    result.summary = unproven.message
+    return result
 
 
 def proven_extent(reference: Graph, index: RelationIndex, ranks: list[int]) -> tuple[int, int]:
