@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "31"
+RULE_LIBRARY_VERSION = "32"
 
 
 @dataclass(frozen=True)
@@ -226,6 +226,13 @@ _rule(
     "layout",
     "a permutation moves the selected dim",
     "(rule ((= Y (Permute X p)) (= y (Permute x p)) (sel X x di R) (pmap p di do)) ((sel Y y do R)))",
+)
+_rule(
+    "permute-of-selection",
+    "layout",
+    "a permutation of a rank's block moves the selected dim (the reference's permutation is made if it does not "
+    "exist: a rank may put the sequence first for a reduce-scatter and back after)",
+    "(rule ((= y (Permute x p)) (sel X x di R) (pmap p di do)) ((sel (Permute X p) y do R)))",
 )
 _rule(
     "expand-keeps-selection",

@@ -273,3 +273,27 @@ class ParallelAttention(nn.Module):
 
 def parallel_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ParallelAttention(ref, rank, world_size)
+
+
+class SequenceParallelVocabEmbedding(nn.Module):
+    """Megatron-core's VocabParallelEmbedding under sequence parallelism: the masked lookup is
+    transposed to the sequence-first layout and reduce-scattered along the sequence (instead of
+    all-reduced), so each rank leaves with its block of the sequence."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        rows = ref.embed_tokens.num_embeddings // world_size
+        self.start, self.end = rank * rows, (rank + 1) * rows
+        self.weight = nn.Parameter(ref.embed_tokens.weight[self.start : self.end].clone())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        outside = (ids < self.start) | (ids >= self.end)
+        masked = ids.clone() - self.start
+        masked[outside] = 0
+        rows = F.embedding(masked, self.weight)
+        rows[outside, :] = 0.0
+        return _reduce_scatter_along_first_dim(rows.transpose(0, 1)).transpose(0, 1)
+
+
+def sequence_parallel_embedding(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return SequenceParallelVocabEmbedding(ref, rank, world_size)
