@@ -37,10 +37,8 @@ from .program import (
     _export,
     _to_meta,
     build_reference_for_ranks,
-    expr_files,
-    import_roots,
-    project_files,
 )
+from .project_code import expr_files, import_roots, project_files
 from .provenance import ProvenanceTracker
 
 

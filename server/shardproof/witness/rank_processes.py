@@ -175,7 +175,7 @@ def _host(job_file: Path) -> None:
 
 
 def _fork_ranks(job: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    from ..capture.program import import_roots, load_callable
+    from ..capture.project_code import import_roots, load_callable
 
     project = load_project(Path(job["pyproject"]))
     check = project.check(job["check"]).for_mode(job["configuration"])

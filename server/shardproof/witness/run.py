@@ -19,7 +19,7 @@ Load = Callable[[str | None, str], Any]  # ("module:function" or None, its role)
 def _user_code(check: Check, project: Project) -> Iterator[tuple[tuple[Any, Any, Any], Load]]:
     """While active, the project's modules import afresh from its python path: the check's
     reference builder, inputs and parallel builder, and a loader of its other callables."""
-    from ..capture.program import forget_project_modules, import_roots, load_callable
+    from ..capture.project_code import forget_project_modules, import_roots, load_callable
 
     def load(spec: str | None, role: str) -> Any:
         return None if spec is None else load_callable(spec, role, check, project)

@@ -98,7 +98,7 @@ class Worker:
     def verify(self, job_id: int, params: dict[str, Any]) -> None:
         from pathlib import Path
 
-        from ..capture.program import import_roots
+        from ..capture.project_code import import_roots
         from ..config import parse_project
         from ..errors import ShardproofError
         from ..pipeline import verify_check
