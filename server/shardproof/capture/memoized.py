@@ -143,7 +143,8 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
                 if dtensor.uses_dtensor(parallel):
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
                 pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks, traced)
-            pieces.read_files = project_files(capture.project) | _sources(pieces)
+            if store.enabled:  # what a stored capture is checked against
+                pieces.read_files = project_files(capture.project) | _sources(pieces)
             return pieces.without_modules()
 
         def check_first(pieces: ProgramPieces) -> None:

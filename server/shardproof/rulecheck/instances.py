@@ -536,7 +536,7 @@ def _(g: Gen) -> dict[str, Any]:
     }
 
 
-@instance("permute-moves-selection", "permute-of-selection", "window-permute")
+@instance("permute-moves-selection", "window-permute")
 def _(g: Gen) -> dict[str, Any]:
     perm = [0, 1, 2, 3]
     g.random.shuffle(perm)

@@ -73,3 +73,14 @@ def _broadcast_operand(g: Gen, near: bool) -> dict[str, Any]:
 for _side in ("right", "left"):
     instance_and_near_miss(f"permute-then-broadcast-operand-{_side}", _broadcast_operand)
     instance_and_near_miss(f"selection-of-permute-then-broadcast-operand-{_side}", _broadcast_operand)
+
+
+@instance("permute-of-selection")
+def _(g: Gen) -> dict[str, Any]:
+    """A permuted value (X0 permuted by q), a rank's selection of it along di, permuted again by p."""
+    q, p = _permutation(g, 4), _permutation(g, 4)
+    shape = _shape(g, 4)
+    X0 = g.tensor(*shape)
+    X = X0.permute(q)
+    di = g.int(-4, -1)
+    return {"X0": X0, "q": g.text(q), "X": X, "R": g.selection(X.shape[di]), "p": g.text(p), "di": di}

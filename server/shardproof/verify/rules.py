@@ -230,9 +230,10 @@ _rule(
 _rule(
     "permute-of-selection",
     "layout",
-    "a permutation of a rank's block moves the selected dim (the reference's permutation is made if it does not "
-    "exist: a rank may put the sequence first for a reduce-scatter and back after)",
-    "(rule ((= y (Permute x p)) (sel X x di R) (pmap p di do)) ((sel (Permute X p) y do R)))",
+    "a permutation of a rank's block of a permuted value moves the selected dim (the reference's permutation is "
+    "made if it does not exist: a rank may put the sequence first for a reduce-scatter and back after, the two "
+    "permutations then compose to none)",
+    "(rule ((= y (Permute x p)) (sel X x di R) (= X (Permute X0 q)) (pmap p di do)) ((sel (Permute X p) y do R)))",
 )
 _rule(
     "expand-keeps-selection",
