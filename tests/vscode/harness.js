@@ -52,10 +52,12 @@ async function linesOf(page, boxes) {
 }
 
 /**
- * The squiggle of `kind` ("error", "warning") on `line`, which must be the active line. Polls,
- * because the editor may still be laying out (a scroll, a hover closing) while decorations land:
- * two reads of one moment, not a single read of two moments. On a timeout the error names the
- * lines the squiggles of that kind are on.
+ * The squiggle of `kind` ("error", "warning") on `line`, which must be the active line, and its
+ * box as measured when it was found ({ squiggle, box }). Polls, because the editor may still be
+ * laying out (a scroll, a hover closing) while decorations land: two reads of one moment, not a
+ * single read of two moments. The box is returned rather than read again by the caller: the
+ * decorations may be laid out anew in between, and an nth() locator then has no box. On a timeout
+ * the error names the lines the squiggles of that kind are on.
  */
 async function squiggleOnLine(page, kind, line, timeout = 60000) {
   const squiggles = page.locator(`.monaco-editor .squiggly-${kind}`);
@@ -69,7 +71,7 @@ async function squiggleOnLine(page, kind, line, timeout = 60000) {
       const box = await squiggles.nth(i).boundingBox();
       if (box) boxes.push(box);
       if (box && current && Math.abs(box.y + box.height / 2 - (current.y + current.height / 2)) <= current.height / 2) {
-        return squiggles.nth(i);
+        return { squiggle: squiggles.nth(i), box };
       }
     }
     if (Date.now() > deadline) break;
