@@ -32,19 +32,11 @@ from typing import Any
 import torch
 
 from ..config import Check, Project
-from ..verify.cache import cache_dir, result_key, write_atomically
+from ..verify.cache import cache_dir, reads_hold, reads_now, result_key, write_atomically
 from . import environment
 
 ReadSource = Callable[[str], "str | None"]
 _KEPT_PER_KEY = 4  # entries of one program kept (the most recently used)
-
-
-def read_from_disk(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except (OSError, ValueError):
-        return None
 
 
 class CaptureCache:
@@ -79,8 +71,7 @@ class CaptureCache:
             return None
         for reads_path in sorted(folder.glob("*.json"), key=_modified, reverse=True):
             try:
-                reads = json.loads(reads_path.read_text())
-                if not self._still_hold(reads):
+                if not reads_hold(json.loads(reads_path.read_text()), self._digest, self._environment):
                     continue
                 pieces = pickle.loads(reads_path.with_suffix(".pickle").read_bytes())
             except Exception:  # noqa: BLE001 - a damaged or unreadable entry is captured again
@@ -95,15 +86,9 @@ class CaptureCache:
         folder = self._folder(program)
         if folder is None:
             return
-        digests = {name: self._digest(name) for name in sorted(files)}
-        if any(digest is None for digest in digests.values()):
+        reads = reads_now(files, self._digest, environment.names_read(), self._environment)
+        if reads is None:
             return  # a file that cannot be read cannot be checked next time
-        names = environment.names_read()
-        reads = {
-            "files": digests,
-            "environment": environment.relevant(names, self._environment),
-            "whole_environment": environment.EVERYTHING in names,
-        }
         text = json.dumps(reads, sort_keys=True)
         entry = folder / hashlib.sha256(text.encode()).hexdigest()[:32]
         try:
@@ -118,12 +103,6 @@ class CaptureCache:
         if self._root is None:
             return None
         return self._root / result_key(self._declaration, self._world_size, f"capture of {program}")
-
-    def _still_hold(self, reads: dict[str, Any]) -> bool:
-        files_unchanged = all(self._digest(name) == digest for name, digest in reads["files"].items())
-        return files_unchanged and environment.unchanged(
-            reads["environment"], reads["whole_environment"], self._environment
-        )
 
     def _digest(self, path: str) -> str | None:
         if path not in self._digests:

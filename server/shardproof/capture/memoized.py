@@ -25,7 +25,7 @@ from ..relations.assumed import Unrelated
 from ..relations.expr import Expr
 from ..verify.block_contracts import Contract, call_key, contracts, template_of
 from . import blocks, dtensor
-from .capture_cache import CaptureCache, read_from_disk
+from .capture_cache import CaptureCache
 from .fake_pg import fake_rank, group_ranks
 from .forked import in_own_fork, map_ranks
 from .libraries import library_shims
@@ -38,7 +38,7 @@ from .program import (
     _to_meta,
     build_reference_for_ranks,
 )
-from .project_code import expr_files, import_roots, project_files
+from .project_code import import_roots, project_files, source_files
 from .provenance import ProvenanceTracker
 
 
@@ -120,7 +120,7 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
             capture.project,
             world_size,
             meta_inputs,
-            capture.read_source or read_from_disk,
+            capture.read_source,
             capture.environment_at_start,
         )
         known = _stored_ranks(store, world_size)
@@ -144,7 +144,8 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
                 pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks, traced)
             if store.enabled:  # what a stored capture is checked against
-                pieces.read_files = project_files(capture.project) | _sources(pieces)
+                graphs = [pieces.skeleton, *pieces.templates.values()]
+                pieces.read_files = project_files(capture.project) | source_files(graphs, [pieces.values])
             return pieces.without_modules()
 
         def check_first(pieces: ProgramPieces) -> None:
@@ -186,16 +187,6 @@ def _stored_ranks(store: CaptureCache, world_size: int) -> dict[int, ProgramPiec
             if isinstance(pieces, ProgramPieces):
                 known[rank] = pieces
     return known
-
-
-def _sources(pieces: ProgramPieces) -> set[str]:
-    """The files a program's operations and parameters came from."""
-    files = set(pieces.skeleton.source_files)
-    for graph in pieces.templates.values():
-        files.update(graph.source_files)
-    for expr in pieces.values.values():
-        files.update(expr_files(expr))
-    return {file for file in files if not file.startswith("<")}
 
 
 def _pieces(

@@ -37,7 +37,14 @@ from .lowering_tables import dtype_name
 from .normalize import to_graph
 from .numbers import plain_attributes, tracing_numbers
 from .placement import placements, recording_attachments
-from .project_code import expr_files, forget_project_modules, import_roots, load_callable, project_files
+from .project_code import (
+    forget_project_modules,
+    import_roots,
+    load_callable,
+    project_files,
+    read_from_disk,
+    source_files,
+)
 from .provenance import ProvenanceTracker
 from .remap import extended_collective_remaps, sends_as_outputs
 
@@ -494,9 +501,9 @@ class CheckCapture:
         self.memoized_reference: Any = None  # the reference cut at its blocks (capture/memoized.py)
         self.rank_reference: Any = _NOT_BUILT  # the reference each rank receives, built once (memoized.py)
         self.captured: list[CaptureResult] = []  # every world size captured so far (for dependencies)
-        # how the project's files read now (the editor's unsaved buffers; None: from the disk), and
-        # the environment the run started with: what stored captures are checked against
-        self.read_source: Callable[[str], str | None] | None = None
+        # how the project's files read now (the editor's unsaved buffers, else the disk), and the
+        # environment the run started with: what stored captures are checked against
+        self.read_source: Callable[[str], str | None] = read_from_disk
         self.environment_at_start = environment.snapshot()
         with import_roots(project.python_path):
             forget_project_modules(project)
@@ -516,17 +523,11 @@ class CheckCapture:
 
     def dependencies(self, captured: list[CaptureResult]) -> set[str]:
         """Files that take part in the check: imported project files and every captured site."""
-        files = project_files(self.project)
         graphs = [self._reference.graph] if self._reference else []
-        for result in captured:
-            graphs.extend(r.graph for r in result.ranks)
-            for rank in result.ranks:
-                for expr in rank.values.values():
-                    files.update(expr_files(expr))
-        for graph in graphs:
-            files.update(graph.source_files)
-        files.update(self.other_sources)
-        return {f for f in files if not f.startswith("<")}
+        ranks = [rank for result in captured for rank in result.ranks]
+        graphs.extend(rank.graph for rank in ranks)
+        files = project_files(self.project) | source_files(graphs, [rank.values for rank in ranks])
+        return files | {f for f in self.other_sources if not f.startswith("<")}
 
     def example_inputs(self) -> tuple[Any, ...]:
         """The user's example inputs, as a tuple (call inside `import_roots`)."""

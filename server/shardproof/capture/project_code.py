@@ -7,12 +7,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..config import Check, Project
 from ..errors import ConfigError, user_code_error
+from ..graph.model import Graph
 from ..relations.expr import Expr
 from . import environment
 
@@ -62,6 +63,18 @@ def project_files(project: Project) -> set[str]:
     return files
 
 
+def source_files(graphs: Iterable[Graph], values: Iterable[dict[str, Expr]]) -> set[str]:
+    """The files the graphs' operations and the values' expressions came from (not the `<...>`
+    names of code without a file)."""
+    files: set[str] = set()
+    for graph in graphs:
+        files.update(graph.source_files)
+    for named in values:
+        for expr in named.values():
+            files.update(expr_files(expr))
+    return {file for file in files if not file.startswith("<")}
+
+
 def expr_files(expr: Expr) -> set[str]:
     from ..relations.expr import children
 
@@ -98,3 +111,12 @@ def load_callable(spec: str, role: str, check: Check, project: Project) -> Calla
     if not callable(target):
         raise ConfigError(f"check {check.name!r}: {role} {spec!r} is not callable", project.site(check.line_of(role)))
     return target
+
+
+def read_from_disk(path: str) -> str | None:
+    """A project file's text as saved (what a capture read, when no editor overlays it)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, ValueError):
+        return None

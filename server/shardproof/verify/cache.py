@@ -22,9 +22,10 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..capture.environment import EVERYTHING, relevant, unchanged
 from .engine import Saturation
@@ -145,8 +146,7 @@ def cached_result(key: str, environment: dict[str, str]) -> dict[str, object] | 
         return None
     try:
         entry = json.loads(path.read_text())
-        files_unchanged = all(_file_digest(Path(name)) == digest for name, digest in entry["files"].items())
-        if files_unchanged and unchanged(entry["environment"], entry["whole_environment"], environment):
+        if reads_hold(entry, _path_digest, environment):
             return entry["result"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
@@ -161,16 +161,35 @@ def store_result(
     path = _entry("results", key)
     if path is None:
         return
-    digests = {name: _file_digest(Path(name)) for name in sorted(files)}
-    if any(digest is None for digest in digests.values()):
-        return  # a file that cannot be read cannot be checked next time
-    entry = {
+    reads = reads_now(files, _path_digest, names_read, environment)
+    if reads is not None:
+        write_atomically(path, json.dumps({**reads, "result": result}))
+
+
+def reads_now(
+    files: set[str], digest: Callable[[str], str | None], names_read: set[str], environment: dict[str, str]
+) -> dict[str, object] | None:
+    """What a stored result (or capture) read, to be checked on every use: each file's `digest`,
+    and the variables `names_read` with their values in `environment` (the variables when the run
+    started). None when a file cannot be read: it could not be checked next time."""
+    digests = {name: digest(name) for name in sorted(files)}
+    if any(value is None for value in digests.values()):
+        return None
+    return {
         "files": digests,
         "environment": relevant(names_read, environment),
         "whole_environment": EVERYTHING in names_read,
-        "result": result,
     }
-    write_atomically(path, json.dumps(entry))
+
+
+def reads_hold(reads: dict[str, Any], digest: Callable[[str], str | None], environment: dict[str, str]) -> bool:
+    """Whether every file and variable `reads_now` recorded is unchanged now."""
+    files_unchanged = all(digest(name) == value for name, value in reads["files"].items())
+    return files_unchanged and unchanged(reads["environment"], reads["whole_environment"], environment)
+
+
+def _path_digest(name: str) -> str | None:
+    return _file_digest(Path(name))
 
 
 def _file_digest(path: Path) -> str | None:

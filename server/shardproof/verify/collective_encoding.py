@@ -30,7 +30,7 @@ class CollectiveIssue:
 
 class CollectiveLowering:
     """The Encoder's collectives; uses its term plumbing (`let`, `term`, `core`, `commands`,
-    `sums`, `_cat_halves`) and its exchange state (`exchanges`, `_relayouts`)."""
+    `sums`, `_cat_halves`, `_nodes_of`) and its exchange state (`exchanges`, `_relayouts`)."""
 
     def _lower(
         self,
@@ -102,7 +102,7 @@ class CollectiveLowering:
         flattened into one buffer, reduced once) is the concatenation of the pieces' sums: a sum is
         elementwise, sum_r cat(a_r, b_r) = cat(sum_r a_r, sum_r b_r). Stated as a union, so each
         piece's sum is an all-reduce of its own (whatever relates the pieces' ranks' values)."""
-        cats = [graphs[r].node_map().get(calls[r].inputs[0]) for r in group]
+        cats = [self._nodes_of(graphs[r]).get(calls[r].inputs[0]) for r in group]
         if any(c is None or c.op != "cat" for c in cats):
             return
         shapes = [[graphs[r].meta_of(v).shape for v in c.inputs] for r, c in zip(group, cats, strict=True)]
