@@ -25,7 +25,14 @@ WITHOUT_SITE: dict[str, str] = {}
 
 # Programs the relation algebra cannot prove yet, each with what it lacks. A program that becomes
 # verified fails its test until it is taken off this list, so the list only shrinks.
-KNOWN_GAPS: dict[str, str] = {}
+KNOWN_GAPS: dict[str, str] = {
+    "ulysses-attention": (
+        "the all-to-all's received blocks, reshaped and permuted in one multi-dim permute "
+        "(`permute(1, 2, 0, 3)`), are not related to the reference's heads: written as two transposes "
+        "the first exchange is proven, so what is missing is composing a general permutation across "
+        "the reshape that merges the source-rank dim into the sequence"
+    ),
+}
 
 _RESULTS: dict[str, object] = {}
 

@@ -18,10 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from typing import Any
 
 import torch
 import torch.fx
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..graph.model import Graph
 
 MAX_ELEMENTS = 1 << 20
 # ops whose value is not a function of their arguments, or that talk to other ranks
@@ -94,4 +99,55 @@ class ConstantFolder:
         return value
 
 
-__all__ = ["MAX_ELEMENTS", "ConstantFolder", "masked_positions", "value_digest"]
+class LiteralValues(TorchFunctionMode):
+    """The values of the tensors a forward makes from Python data (`torch.tensor([...])`: ALiBi's
+    slopes) while it is traced on the meta device, where they would have none. Export lifts such
+    a tensor as a constant (the same object): `of(program)` gives the lifted constants' values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (traced tensor, its value)
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        made = func(*args, **kwargs)
+        if func in _FROM_DATA and "device" not in kwargs and isinstance(made, torch.Tensor):
+            flat, _ = tree_flatten((args, kwargs))
+            if not any(isinstance(a, torch.Tensor) for a in flat) and made.numel() <= MAX_ELEMENTS:
+                try:
+                    with _disable_current_modes(), warnings.catch_warnings():  # not traced: a value
+                        warnings.simplefilter("ignore")
+                        value = func(*args, **{**kwargs, "device": "cpu"})
+                except Exception:  # noqa: BLE001 - a value it cannot make is not known
+                    return made
+                self._made[id(made)] = (made, value)
+        return made
+
+    def of(self, program: Any) -> dict[str, torch.Tensor]:
+        constants = getattr(program, "constants", {})
+        return {name: self._made[id(t)][1] for name, t in constants.items() if id(t) in self._made}
+
+
+_FROM_DATA = (torch.tensor, torch.as_tensor)
+
+# the largest constant kept with its graph for verify/constant_blocks.py (a 256-token mask)
+MAX_KEPT = 1 << 16
+
+
+def frontier_constants(graph: Graph, folded: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The folded values an operation on other values reads, or the program returns (the masks
+    and biases as the computation sees them, not the steps that made them), small ones only."""
+    read = {value for node in graph.nodes if "folded" not in node.attrs for value in node.inputs}
+    read.update(graph.outputs)
+    return {value: folded[value] for value in read if value in folded and folded[value].numel() <= MAX_KEPT}
+
+
+__all__ = [
+    "MAX_ELEMENTS",
+    "MAX_KEPT",
+    "ConstantFolder",
+    "LiteralValues",
+    "frontier_constants",
+    "masked_positions",
+    "value_digest",
+]

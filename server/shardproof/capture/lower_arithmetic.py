@@ -80,10 +80,30 @@ class ArithmeticLowering:
                 continue
             if value_meta.shape != meta.shape or value_meta.dtype != meta.dtype:
                 continue
-            negated = self.add(fx, "unary", [mask], {"fn": "logical_not"}, mask_meta, suffix=".unmasked")
+            negated = self._without_negation(fx, mask)
+            if negated is None:
+                negated = self.add(fx, "unary", [mask], {"fn": "logical_not"}, mask_meta, suffix=".unmasked")
             self.add(fx, "fill", [value, negated], {"value": 0.0}, meta)
             return True
         return False
+
+    def _without_negation(self, fx: torch.fx.Node, mask: str) -> str | None:
+        """The mask's negation without a double negation, when the mask is the negation of a
+        boolean (`x * ~outside`), or a view of one (`x * (~outside)[..., None]`): the negated
+        boolean itself, viewed alike. Else None."""
+        node = self.nodes_by_id.get(mask)
+        view = None
+        if node is not None and node.op == "view":
+            view, node = node, self.nodes_by_id.get(node.inputs[0])
+        negations = ("logical_not", "bitwise_not")
+        if node is None or node.op != "unary" or node.attrs.get("fn") not in negations:
+            return None
+        source = node.inputs[0]
+        if self.meta(source).dtype != "bool":
+            return None
+        if view is None:
+            return source
+        return self.add(fx, "view", [source], dict(view.attrs), view.meta, suffix=".unnegated")
 
     def _bool_before_cast(self, value: str) -> str:
         """The boolean a value was cast from (true is 1, false is 0), else the value itself."""

@@ -11,7 +11,7 @@ import torch.fx
 
 from ..graph.model import TensorMeta
 from ..relations.expr import norm_dim
-from .lowering_tables import _is_arange, _literal, _meta_of, _scalar_literal
+from .lowering_tables import _filled_with, _is_arange, _literal, _meta_of, _scalar_literal
 
 
 class IndexingLowering:
@@ -34,17 +34,44 @@ class IndexingLowering:
         if len(args) < 3:
             return False
         cond, a, b = args[0], args[1], args[2]
-        # masked_fill decomposed to core aten: where(mask, scalar_tensor(value), x)
-        literal = _scalar_literal(a) if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) else None
+        # masked_fill decomposed to core aten: where(mask, scalar_tensor(value), x); a branch of one
+        # number everywhere (`zeros_like(ids)`) is that number
+        both = isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node)
+        literal = self._uniform(a, b, meta) if both else None
+        # (a constant kept where the condition holds is folded as it is: no negation is added)
+        kept_literal = None
+        if both and literal is None and a.name not in self.folder.values:
+            kept_literal = self._uniform(b, a, meta)
         if literal is not None:
             self.add(fx, "fill", [self.value(b), self.value(cond)], {"value": literal}, meta)
-        elif isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
+        elif kept_literal is not None:  # where(c, x, number): x filled where c does not hold
+            cond_id = self.value(cond)
+            negated = self.add(fx, "unary", [cond_id], {"fn": "logical_not"}, self.meta(cond_id), suffix=".unmasked")
+            self.add(fx, "fill", [self.value(a), negated], {"value": kept_literal}, meta)
+        elif both:
             self.add(fx, "where", [self.value(cond), self.value(a), self.value(b)], {}, meta)
         elif isinstance(b, torch.fx.Node):
             self.add(fx, "fill", [self.value(b), self.value(cond)], {"value": _literal(a)}, meta)
         else:
             return False
         return True
+
+    def _uniform(self, branch: torch.fx.Node, other: torch.fx.Node, meta: TensorMeta) -> Any:
+        """The number every element of `branch` holds, when the where's result is `other` with
+        some elements replaced by it (`other` has the result's shape and type), else None: a
+        `scalar_tensor`, a factory of one value (`zeros_like`, `full`), or a constant evaluated
+        while capturing (folding.py) whose elements are all equal."""
+        other_meta = _meta_of(other.meta.get("val"))
+        if other_meta is None or other_meta.shape != meta.shape or other_meta.dtype != meta.dtype:
+            return None
+        literal = _scalar_literal(branch) or _filled_with(branch)
+        if literal is None:
+            value = self.folder.values.get(branch.name)
+            if value is not None and value.numel() and not value.is_complex() and value.dtype != torch.bool:
+                first = value.reshape(-1)[0]
+                if bool((value == first).all()):
+                    literal = _literal(first.item())
+        return literal
 
     def op_index_put(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         x, indices, value = args[0], args[1], args[2]

@@ -178,6 +178,23 @@ def _scalar_literal(value: torch.fx.Node) -> Any:
     return None
 
 
+def _filled_with(value: torch.fx.Node) -> Any:
+    """The number a factory fills its tensor with (`zeros_like(x)`, `full((n,), 2.0)`), else None."""
+    if value.op != "call_function":
+        return None
+    name = getattr(value.target, "__name__", "").split(".")[0]
+    fills = {"zeros": 0, "zeros_like": 0, "ones": 1, "ones_like": 1}
+    if name in fills:
+        number: Any = fills[name]
+    elif name in ("full", "full_like"):
+        number = value.args[1] if len(value.args) > 1 else value.kwargs.get("fill_value")
+    else:
+        return None
+    if isinstance(number, int | float) and not isinstance(number, bool):
+        return _literal(number)
+    return None
+
+
 def _all_zeros(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a factory call makes a tensor of zeros (a sum's start: `out = zeros_like(x)`)."""
     if name in ("zeros", "zeros_like"):

@@ -42,7 +42,7 @@ from ..errors import UserCodeError
 from ..graph.model import Collective, Graph, Node, Placeholder, TensorMeta
 from ..relations.expr import norm_dim
 from . import decompose
-from .folding import ConstantFolder, masked_positions, value_digest
+from .folding import MAX_ELEMENTS, ConstantFolder, frontier_constants, masked_positions, value_digest
 from .lower_arithmetic import ArithmeticLowering
 from .lower_contractions import ContractionLowering
 from .lower_functions import FunctionLowering
@@ -97,6 +97,7 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         self.complex_parts: dict[str, tuple[str, str]] = {}
         self.decomposition_depth = 0  # how deep decompose.inline is in its own decompositions
         self.folder = ConstantFolder()  # values computed from constants alone (folding.py)
+        self.folded: dict[str, torch.Tensor] = {}  # value id -> its folded value
         self.scalar_constants: dict[str, Any] = {}  # lifted 0-dim constants -> their numbers
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -167,9 +168,11 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
                 if kind == "input":
                     target = str(user_input_index)
                     user_input_index += 1
+                digest = None
                 if kind == "constant":
                     self._note_constant(fx.name, target)
-                self.graph.placeholders.append(Placeholder(fx.name, kind, target, meta))
+                    digest = self._lifted_constant(fx.name, target, meta)
+                self.graph.placeholders.append(Placeholder(fx.name, kind, target, meta, digest))
                 self.metas[fx.name] = meta
             elif fx.op == "call_function":
                 try:
@@ -194,7 +197,24 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         self.graph.outputs = self.graph.outputs[-len(user_outputs) :] if user_outputs else []
         # the tokens of sends, added to the outputs only to keep the sends (capture/remap.py)
         self.graph.outputs = [v for v in self.graph.outputs if v not in self.sends]
+        self.graph.constants = frontier_constants(self.graph, self.folded)
         return self.graph
+
+    def _lifted_constant(self, name: str, target: str, meta: TensorMeta) -> str | None:
+        """A tensor the forward made from literals (`torch.tensor([...])`: ALiBi's slopes), which
+        export lifts with its value: a constant like any folded value (its digest; the values
+        computed from it are folded in turn)."""
+        value = getattr(self.program, "constants", {}).get(target)
+        if isinstance(value, torch.Tensor) and value.device.type == "meta":  # traced on meta (program.py)
+            value = getattr(self.program, "literal_values", {}).get(target)
+        if not isinstance(value, torch.Tensor) or value.device.type == "meta" or value.is_complex():
+            return None
+        if tuple(value.shape) != meta.shape or value.numel() > MAX_ELEMENTS:
+            return None
+        value = value.detach().cpu()
+        self.folder.values[name] = value
+        self.folded[name] = value
+        return value_digest(value)
 
     def convert(self, fx: torch.fx.Node) -> None:
         self._convert(fx)
@@ -203,6 +223,7 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             node = self.nodes_by_id.get(self.alias.get(fx.name, fx.name))
             if node is not None and node.meta.shape == tuple(value.shape):
                 node.attrs["folded"] = value_digest(value)
+                self.folded[node.id] = value
                 masked = masked_positions(value)
                 if masked is not None:
                     node.attrs["neg_inf_at"] = masked

@@ -31,6 +31,7 @@ from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_determi
 from . import dtensor, environment
 from .blocks import tensor_attributes
 from .fake_pg import fake_rank, group_ranks
+from .folding import LiteralValues
 from .forked import map_ranks
 from .frames import exact_stack_traces
 from .lowering_tables import dtype_name
@@ -262,8 +263,10 @@ def _export(
         # A factory call without a device (`torch.zeros(n)` in forward) makes a CPU tensor, which
         # the real run adds to CPU values and the capture cannot add to meta ones: made on the
         # meta device, it is the same value for the capture (tensors that name a device keep it).
-        with torch.device("meta"):
-            return _export_once(module, inputs)
+        with torch.device("meta"), LiteralValues() as literals:
+            program = _export_once(module, inputs)
+        program.literal_values = literals.of(program)  # type: ignore[attr-defined]
+        return program
     except Exception as exc:  # noqa: BLE001 - a tracing failure is reported at the user line
         error = user_code_error(exc, stage)
         in_plan = dtensor.plan_entry_of_failure(exc, module, plan or {})

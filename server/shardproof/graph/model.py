@@ -124,6 +124,9 @@ class Placeholder:
     kind: str  # one of PLACEHOLDER_KINDS
     target: str  # parameter / buffer FQN, input path ("0", "0.tokens"), constant name
     meta: TensorMeta
+    # a constant whose value the capture knows (a tensor the forward made from literals, lifted by
+    # export): its value's digest (capture/folding.py), the same for equal values in any program
+    digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,9 @@ class Graph:
     gradient_cuts: list[SourceSite] = field(default_factory=list)
     # the reference modules the rank's module holds, outermost only (pipeline stages, layer splits)
     placements: list[ModulePlacement] = field(default_factory=list)
+    # value id -> the value (a CPU tensor) of a small constant computed while capturing that an
+    # operation on other values reads (capture/folding.py): what verify/constant_blocks.py compares
+    constants: dict[str, Any] = field(default_factory=dict)
 
     def node_map(self) -> dict[str, Node]:
         return {n.id: n for n in self.nodes}

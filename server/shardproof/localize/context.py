@@ -285,6 +285,31 @@ class Context(Blame, Pictures, Plans):
                 return node.id
         return None
 
+    def first_broken_alone(self, rank: int, failing_ids: list[str]) -> str | None:
+        """The first value the failing outputs depend on that `rank` does not compute though another
+        rank does, from inputs `rank` computes (its counterpart on `rank` is the mistake)."""
+        others = [r for r in range(len(self.ev.ranks)) if r != rank]
+        if not others:
+            return None
+        ancestors: set[str] = set()
+        stack = list(failing_ids)
+        while stack:
+            value = stack.pop()
+            if value in ancestors:
+                continue
+            ancestors.add(value)
+            node = self.ref_nodes.get(value)
+            if node is not None:
+                stack.extend(node.inputs)
+        for node in self.reference.nodes:
+            if node.id not in ancestors or self.index.related(node.id, rank):
+                continue
+            if not any(self.index.related(node.id, r) for r in others):
+                continue
+            if all(self.index.related(i, rank) for i in node.inputs if i in self.ref_nodes):
+                return node.id
+        return None
+
     def _gradient_of(self, index: int) -> str | None:
         roles = self.reference.gradient_roles
         role = roles[index] if index < len(roles) else None

@@ -119,6 +119,14 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
     if duplicate is not None and (not broken or duplicate.details.get("topo", 1 << 30) <= min(broken)[0] + 1):
         return duplicate
     if not broken:
+        # every failing output is related on every rank through what other ranks sent it (a
+        # gathered piece): the value a rank alone fails to compute, if one, is the mistake
+        for rank in compared:
+            lone = ctx.first_broken_alone(rank, failing_ids)
+            if lone is not None:
+                found = _diagnose(ctx, ctx.ref_nodes[lone], rank, [rank])
+                if isinstance(found, Unsupported) or found.primary is not None:
+                    return found
         return output_mismatch(ctx, failing_outputs)
     # The earliest broken value, on the first rank where a detector can name a location; ranks
     # that skip the computation entirely (a full slice is no node at all) have nothing to show.

@@ -18,6 +18,7 @@ from fractions import Fraction
 from ..graph.model import Graph, Node, TensorMeta
 from ..relations import expr as px
 from .collective_encoding import CollectiveIssue, CollectiveLowering, encode_ranks
+from .constant_blocks import constant_block_facts
 from .factored_terms import FactoredTerms
 from .language import quoted as _q
 from .layout_facts import broadcast_facts, composition_facts, expand_facts, permute_facts, view_facts
@@ -282,6 +283,9 @@ class Encoder(FactoredTerms, CollectiveLowering):
                 self.bind(graph, p.id, self.term_of[("inputs", p.target)])
                 continue
             expr = values.get(p.target)
+            if expr is None and p.digest is not None:  # a lifted constant: its value (capture/folding.py)
+                self.bind(graph, p.id, self.let(self._fresh("const"), f"(Const {_q(p.digest)})", p.meta))
+                continue
             if expr is None:
                 expr = px.Fresh(
                     reason=f"{p.kind} {p.target} has no known value", shape=p.meta.shape, dtype=p.meta.dtype
@@ -565,6 +569,7 @@ def encode_unit(
     for graph, values in ranks:
         encoder.add_placeholders(graph, values)
     encode_ranks(encoder, [g for g, _ in ranks])
+    encoder.commands.extend(constant_block_facts(encoder, reference, [g for g, _ in ranks]))
     encoder.commands.extend(laws.rules)
     encoder.commands.extend(call_laws)
     unit = encoder.finish()

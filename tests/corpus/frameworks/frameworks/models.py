@@ -275,6 +275,66 @@ class LlamaLoss(Llama):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
 
 
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """BLOOM's ALiBi slopes for a power-of-two number of heads: 2^(-8/heads), its square, ..."""
+    first = 2.0 ** (-8.0 / heads)
+    return torch.tensor([first ** (h + 1) for h in range(heads)])
+
+
+class ScoredAttention(nn.Module):
+    """Causal multi-head attention with the scores written out (a boolean lower-triangular mask),
+    optionally biased by ALiBi (each head's slope times the key's distance back)."""
+
+    def __init__(self, alibi: bool = False) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False)
+        self.k_proj = nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False)
+        self.v_proj = nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False)
+        self.o_proj = nn.Linear(HEADS * HEAD_DIM, HIDDEN, bias=False)
+        self.alibi = alibi
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, HEADS, HEAD_DIM).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+        if self.alibi:
+            back = torch.arange(s)[None, :] - torch.arange(s)[:, None]
+            scores = scores + alibi_slopes(HEADS)[:, None, None] * back
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        return self.o_proj((probs @ v).transpose(1, 2).reshape(b, s, HEADS * HEAD_DIM))
+
+
+class TiedLM(nn.Module):
+    """An embedding whose table is also the LM head's weight (tied word embeddings)."""
+
+    def __init__(self, vocab: int = VOCAB) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, HIDDEN)
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.lm_head = nn.Linear(HIDDEN, vocab, bias=False)
+        self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(self.embed_tokens(ids)))
+
+
+class UntiedLM(nn.Module):
+    """An embedding and an LM head of their own, straight after each other."""
+
+    def __init__(self, vocab: int = ODD_VOCAB) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, HIDDEN)
+        self.lm_head = nn.Linear(HIDDEN, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.embed_tokens(ids))
+
+
 def mlp() -> MLP:
     return MLP()
 
@@ -363,3 +423,25 @@ def tokens_and_targets() -> tuple[torch.Tensor, torch.Tensor]:
 
 def ids_and_targets() -> tuple[torch.Tensor, torch.Tensor]:
     return _ids((BATCH, SEQ), 0), _ids((BATCH, SEQ), 1)
+
+
+def scored_attention() -> ScoredAttention:
+    return ScoredAttention()
+
+
+def alibi_attention() -> ScoredAttention:
+    return ScoredAttention(alibi=True)
+
+
+def tied_lm() -> TiedLM:
+    return TiedLM()
+
+
+def odd_vocab_lm() -> UntiedLM:
+    return UntiedLM()
+
+
+def odd_token_ids() -> tuple[torch.Tensor]:
+    ids = torch.randint(0, ODD_VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    ids.view(-1)[:2] = torch.tensor([0, ODD_VOCAB - 1])
+    return (ids,)

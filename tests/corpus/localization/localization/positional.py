@@ -1,5 +1,7 @@
 """Positions and heads: Bloom-style ALiBi attention (a per-head slope on the key position, the
-scores through `baddbmm`), whose slopes each rank must take for its own heads."""
+scores through `baddbmm`), whose slopes each rank must take for its own heads; and context
+parallelism (each rank's block of queries against the all-gathered keys and values), whose causal
+mask must use the global positions of the rank's queries."""
 
 from __future__ import annotations
 
@@ -71,3 +73,57 @@ def alibi_attention() -> AlibiAttention:
 
 def alibi_heads(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return AlibiHeads(ref, rank, world_size)
+
+
+class MaskedAttention(nn.Module):
+    """Causal attention with the boolean lower-triangular mask written out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.kv = nn.Linear(HIDDEN, 2 * HIDDEN, bias=False)
+        self.out = nn.Linear(HIDDEN, HIDDEN, bias=False)
+
+    def heads(self, t: torch.Tensor) -> torch.Tensor:
+        return t.view(t.shape[0], t.shape[1], HEADS, HEAD_DIM).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        k, v = (self.heads(t) for t in self.kv(x).chunk(2, dim=-1))
+        scores = self.heads(self.q(x)) @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+        allowed = torch.ones(s, s, dtype=torch.bool).tril()
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        return self.out((probs @ v).transpose(1, 2).reshape(b, s, HIDDEN))
+
+
+class ContextParallel(MaskedAttention):
+    """Each rank attends with its block of the queries to every rank's keys and values."""
+
+    def __init__(self, ref: MaskedAttention, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.q, self.kv, self.out = ref.q, ref.kv, ref.out
+        self.rank, self.world_size = rank, world_size
+
+    def gathered(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        pieces = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(pieces, t.contiguous())
+        return torch.cat(pieces, dim=dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        rows = s // self.world_size
+        mine = x[:, self.rank * rows : (self.rank + 1) * rows]
+        k, v = (self.gathered(self.heads(t), 2) for t in self.kv(mine).chunk(2, dim=-1))
+        scores = self.heads(self.q(mine)) @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+        positions = torch.arange(rows)[:, None]
+        allowed = torch.arange(s)[None, :] <= positions
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        return self.gathered(self.out((probs @ v).transpose(1, 2).reshape(b, rows, HIDDEN)), 1)
+
+
+def masked_attention() -> MaskedAttention:
+    return MaskedAttention()
+
+
+def context_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ContextParallel(ref, rank, world_size)

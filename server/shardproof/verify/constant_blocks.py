@@ -1,0 +1,68 @@
+"""A rank's constant that is a block of one of the reference's constants.
+
+Masks and biases computed from literals alone are evaluated while capturing (capture/folding.py);
+equal values are one constant. A rank often computes only its block of the reference's constant,
+written differently: context parallelism's causal mask for its rows of queries
+(`arange(s)[None] <= arange(n)[:, None] + rank * n` against `ones(s, s).tril()`), the ALiBi
+slopes of its heads. Where a rank's constant equals a contiguous block of one dimension of a
+reference constant (compared value by value), the rank's value is stated to be that slice of the
+reference's: a fact of evaluation, sound for any program.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..capture.folding import value_digest
+
+if TYPE_CHECKING:
+    from ..graph.model import Graph
+    from .encode import Encoder
+
+
+def constant_block_facts(encoder: Encoder, reference: Graph, ranks: list[Graph]) -> list[str]:
+    """Unions of each rank constant with the slices of reference constants it equals."""
+    known = _encoded(encoder, reference)
+    if not known:
+        return []
+    digests = {value_digest(value) for value in known.values()}
+    facts: list[str] = []
+    for graph in ranks:
+        for value_id, value in _encoded(encoder, graph).items():
+            if value_digest(value) in digests:
+                continue  # equal to a reference constant: already one term
+            for ref_id, whole in known.items():
+                for dim, start in _blocks_of(value, whole, graph.rank):
+                    end = start + value.shape[dim]
+                    # dims are written counted from the last (encode.py)
+                    sliced = f"(Slice {encoder.term(reference, ref_id)} {dim - whole.dim()} {start} {end})"
+                    facts.append(f"(union {encoder.term(graph, value_id)} {sliced})")
+    return facts
+
+
+def _encoded(encoder: Encoder, graph: Graph) -> dict[str, Any]:
+    return {v: value for v, value in graph.constants.items() if (graph.name, v) in encoder.term_of}
+
+
+def _blocks_of(part: Any, whole: Any, rank: int | None) -> list[tuple[int, int]]:
+    """(dim, start) where `part` is `whole.narrow(dim, start, len)`, in exactly one dimension:
+    the rank's own block (start = rank * len) if it is one, and the first other (a constant with
+    equal blocks is each of them; both are true, and the rank's own is the one a proof needs)."""
+    if part.dtype != whole.dtype or part.dim() != whole.dim():
+        return []
+    differing = [d for d in range(whole.dim()) if part.shape[d] != whole.shape[d]]
+    if len(differing) != 1 or part.shape[differing[0]] > whole.shape[differing[0]]:
+        return []
+    (dim,) = differing
+    size = part.shape[dim]
+    starts = list(range(whole.shape[dim] - size + 1))
+    if rank is not None and rank * size in starts:
+        starts.remove(rank * size)
+        starts.insert(0, rank * size)
+    found: list[tuple[int, int]] = []
+    for start in starts:
+        if bool((whole.narrow(dim, start, size) == part).all()):
+            found.append((dim, start))
+            if len(found) == 2 or start != (rank or 0) * size:
+                break
+    return found

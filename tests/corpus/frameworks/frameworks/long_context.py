@@ -1,0 +1,100 @@
+"""Long-context parallelism: DeepSpeed-Ulysses (each rank holds a block of the sequence and swaps
+it for a block of the heads with an all-to-all around attention) and context parallelism as
+torchtitan / Megatron-core run it without a ring (each rank's queries attend to the all-gathered
+keys and values, under the causal mask's rows of its own block). Our own small equivalents."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .models import HEAD_DIM, HEADS
+
+
+def _gathered_sequence(y: torch.Tensor, world_size: int, dim: int) -> torch.Tensor:
+    pieces = [torch.empty_like(y) for _ in range(world_size)]
+    dist.all_gather(pieces, y.contiguous())
+    return torch.cat(pieces, dim=dim)
+
+
+class UlyssesAttention(nn.Module):
+    """Sequence-sharded projections; all-to-all to [full sequence, local heads] for attention and
+    back to [local sequence, every head] for the output projection; the sequence gathered last."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = ref.q_proj, ref.k_proj, ref.v_proj, ref.o_proj
+        self.rank, self.world_size = rank, world_size
+
+    def _to_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """[b, s/p, H, d] -> [b, H/p, s, d]: rank j receives head block j of every rank's rows."""
+        b, rows, h, d = t.shape
+        p = self.world_size
+        send = t.reshape(b, rows, p, h // p, d).permute(2, 1, 0, 3, 4).contiguous()
+        received = torch.empty_like(send)
+        dist.all_to_all_single(received, send)  # [source rank, rows, b, H/p, d]
+        return received.reshape(p * rows, b, h // p, d).permute(1, 2, 0, 3)
+
+    def _to_sequence(self, t: torch.Tensor) -> torch.Tensor:
+        """[b, H/p, s, d] -> [b, s/p, H * d]: the inverse exchange."""
+        b, h, s, d = t.shape
+        p = self.world_size
+        send = t.reshape(b, h, p, s // p, d).permute(2, 3, 0, 1, 4).contiguous()
+        received = torch.empty_like(send)
+        dist.all_to_all_single(received, send)  # [source rank (head block), rows, b, H/p, d]
+        return received.permute(2, 1, 0, 3, 4).reshape(b, s // p, p * h * d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        rows = s // self.world_size
+        mine = x[:, self.rank * rows : (self.rank + 1) * rows]
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return self._to_heads(t.view(b, rows, HEADS, HEAD_DIM))
+
+        q, k, v = heads(self.q_proj(mine)), heads(self.k_proj(mine)), heads(self.v_proj(mine))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        out = self.o_proj(self._to_sequence(probs @ v))
+        return _gathered_sequence(out, self.world_size, dim=1)
+
+
+class ContextParallelAttention(nn.Module):
+    """Each rank projects its block of the sequence, gathers every rank's keys and values, and
+    masks its queries by their global positions (its block's offset added to the row index)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = ref.q_proj, ref.k_proj, ref.v_proj, ref.o_proj
+        self.rank, self.world_size = rank, world_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        rows = s // self.world_size
+        offset = self.rank * rows
+        mine = x[:, offset : offset + rows]
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, rows, HEADS, HEAD_DIM).transpose(1, 2)
+
+        q = heads(self.q_proj(mine))
+        k = _gathered_sequence(heads(self.k_proj(mine)), self.world_size, dim=2)
+        v = _gathered_sequence(heads(self.v_proj(mine)), self.world_size, dim=2)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+        positions = torch.arange(rows)[:, None] + offset
+        visible = torch.arange(s)[None, :] <= positions
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        out = self.o_proj((probs @ v).transpose(1, 2).reshape(b, rows, HEADS * HEAD_DIM))
+        return _gathered_sequence(out, self.world_size, dim=1)
+
+
+def ulysses_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return UlyssesAttention(ref, rank, world_size)
+
+
+def context_parallel_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ContextParallelAttention(ref, rank, world_size)
