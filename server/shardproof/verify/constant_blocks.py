@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..capture.folding import value_digest
-
 if TYPE_CHECKING:
     from ..graph.model import Graph
     from .encode import Encoder
@@ -25,6 +23,8 @@ def constant_block_facts(encoder: Encoder, reference: Graph, ranks: list[Graph])
     known = _encoded(encoder, reference)
     if not known:
         return []
+    from ..capture.folding import value_digest  # torch: only where there are constants to compare
+
     digests = {value_digest(value) for value in known.values()}
     facts: list[str] = []
     for graph in ranks:
