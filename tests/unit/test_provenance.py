@@ -111,3 +111,15 @@ def test_a_declared_packed_shard_is_the_rank_block_of_every_part() -> None:
     # the witness loads the same rows
     values = torch.arange(24.0).reshape(8, 3)
     assert torch.equal(declared_value(values, "packed-shard:0:2", 1, 2), values[[2, 3, 6, 7]])
+
+
+def test_a_view_back_to_its_source_shape_is_the_source() -> None:
+    """A bias sliced as a column (`b[:, None].chunk(2)[r]`) and read back as a vector (`[:, 0]`)
+    is the slice itself, not a view of it to its own shape."""
+    tracker, ref = _reference()
+    with tracker, torch.device("meta"), torch.no_grad():
+        column = ref.bias[:, None].chunk(2, dim=0)[1].clone()
+        local = nn.Parameter(column[:, 0])
+    expr = tracker.expr_of(local)
+    assert isinstance(expr, px.SliceOf) and (expr.dim, expr.start, expr.end) == (-1, 3, 6)
+    assert isinstance(tracker.expr_of(column), px.ViewOf)  # the column itself is a view of the slice

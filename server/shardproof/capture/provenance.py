@@ -416,6 +416,8 @@ class ProvenanceTracker(TorchDispatchMode):
             # the whole of a contiguous storage read in another shape (a reshape that merges dims)
             content = record.content()
             source = content.source if isinstance(content, ViewOf) else content  # one view of a view
+            if tuple(source.shape) == tuple(region.shape):  # viewed back to its own shape: itself
+                return source
             return ViewOf(source=source, shape=region.shape, dtype=_dtype(tensor), site=site)
         box = _decode(record.layout, region)
         content, layout_shape = record.content(), record.layout.shape

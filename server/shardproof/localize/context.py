@@ -301,12 +301,29 @@ class Context(Blame, Pictures, Plans):
             node = self.ref_nodes.get(value)
             if node is not None:
                 stack.extend(node.inputs)
+        # the rank's own values the failure flows through: back from its outputs, through values
+        # with no relation (a rank value a relation explains is not where its output goes wrong)
+        graph, nodes = self.ev.ranks[rank], self.rank_nodes[rank]
+        outputs = {self.reference.outputs.index(o) for o in failing_ids if o in self.reference.outputs}
+        tainted: set[str] = set()
+        stack = [graph.outputs[i] for i in outputs if i < len(graph.outputs)]
+        while stack:
+            value = stack.pop()
+            if value in tainted:
+                continue
+            tainted.add(value)
+            rank_node = nodes.get(value)
+            if rank_node is not None:
+                stack.extend(i for i in rank_node.inputs if not self.is_related(rank, i))
         for node in self.reference.nodes:
             if node.id not in ancestors or self.index.related(node.id, rank):
                 continue
             if not any(self.index.related(node.id, r) for r in others):
                 continue
-            if all(self.index.related(i, rank) for i in node.inputs if i in self.ref_nodes):
+            if not all(self.index.related(i, rank) for i in node.inputs if i in self.ref_nodes):
+                continue
+            counterpart = self.aligned(node, rank)
+            if counterpart is not None and counterpart.id in tainted:
                 return node.id
         return None
 

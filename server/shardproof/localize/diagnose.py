@@ -119,9 +119,10 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
     if duplicate is not None and (not broken or duplicate.details.get("topo", 1 << 30) <= min(broken)[0] + 1):
         return duplicate
     if not broken:
-        # every failing output is related on every rank through what other ranks sent it (a
-        # gathered piece): the value a rank alone fails to compute, if one, is the mistake
-        for rank in compared:
+        # every failing output, of the reference's shape, is related on every rank through what
+        # other ranks sent it (a gathered piece): the value a rank alone fails to compute, if
+        # one, is the mistake (an output of another shape is a layout to fix: output_mismatch)
+        for rank in compared if _outputs_shaped_alike(ctx, failing_outputs) else []:
             lone = ctx.first_broken_alone(rank, failing_ids)
             if lone is not None:
                 found = _diagnose(ctx, ctx.ref_nodes[lone], rank, [rank])
@@ -139,6 +140,18 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
         fallback = fallback or found
     assert fallback is not None
     return fallback
+
+
+def _outputs_shaped_alike(ctx: Context, failing_outputs: list[int]) -> bool:
+    """Whether every rank returns each failing output in the reference output's shape."""
+    for index in failing_outputs:
+        if index >= len(ctx.reference.outputs):
+            return False
+        shape = ctx.reference.meta_of(ctx.reference.outputs[index]).shape
+        for graph in ctx.ev.ranks:
+            if index >= len(graph.outputs) or graph.meta_of(graph.outputs[index]).shape != shape:
+                return False
+    return True
 
 
 def _diagnose(ctx: Context, node: Node, rank: int, ranks: list[int]) -> Discrepancy | Unsupported:

@@ -74,10 +74,15 @@ def cut_lines(rank_numbers: list[BuilderNumbers], held: dict[int, tuple[int, int
 
 
 def number_origin(
-    rank_numbers: list[BuilderNumbers], line: Line, held: dict[int, tuple[int, int]] | None = None
+    rank_numbers: list[BuilderNumbers],
+    line: Line,
+    held: dict[int, tuple[int, int]] | None = None,
+    expected: dict[int, tuple[int, int]] | None = None,
 ) -> NumberOrigin | None:
     """The computation to change for the cuts at `line` (None: the cut itself, or nothing traced).
-    `held`: the ranges the ranks' cuts are known to hold (chooses among several cuts at the line)."""
+    `held`: the ranges the ranks' cuts are known to hold (chooses among several cuts at the line).
+    `expected`: the ranges the ranks' cuts should hold, when the report knows them (the rows a
+    vocabulary mask keeps): the change must give exactly those, not merely some tiling."""
     by_rank = cuts_at(rank_numbers, line)
     chosen: dict[int, _Cut] = {}
     for rank, cuts in by_rank.items():
@@ -89,9 +94,9 @@ def number_origin(
     use_frame = next(iter(chosen.values())).use.frame
     assert use_frame is not None
     size = next(iter(chosen.values())).size
-    if _tiles_when_changed(chosen, {}, np.zeros(1), size):
+    if expected is None and _tiles_when_changed(chosen, {}, np.zeros(1), size):
         return None  # the cuts tile as they are: what is wrong is not where they cut
-    found, how = _by_tiling(rank_numbers, chosen), "tiling"
+    found, how = _by_tiling(rank_numbers, chosen, expected), "tiling"
     if found is None:
         found, how = _by_block_index(chosen), "block index"
     if found is None or found.frame is None or line_of(found.frame) == line:
@@ -252,7 +257,9 @@ def _point(step: NumberStep) -> tuple[object, ...] | None:
     return (f.file, f.line, f.column, f.end_column, step.op)
 
 
-def _by_tiling(rank_numbers: list[BuilderNumbers], chosen: dict[int, _Cut]) -> NumberStep | None:
+def _by_tiling(
+    rank_numbers: list[BuilderNumbers], chosen: dict[int, _Cut], expected: dict[int, tuple[int, int]] | None = None
+) -> NumberStep | None:
     steps: dict[tuple[object, ...], dict[int, list[NumberStep]]] = {}
     subs: Substitutions = {}
     for rank, cut in chosen.items():
@@ -277,9 +284,37 @@ def _by_tiling(rank_numbers: list[BuilderNumbers], chosen: dict[int, _Cut]) -> N
     # did not (every rank cuts the same block) may take a value per rank.
     for per_rank_values in (False, True):
         for point in usable:
-            if _tiles_when_changed(chosen, steps[point], domain, size, per_rank_values, subs):
+            if expected is not None:
+                if _gives_when_changed(chosen, steps[point], domain, expected, per_rank_values, subs):
+                    return next(iter(steps[point].values()))[0]
+            elif _tiles_when_changed(chosen, steps[point], domain, size, per_rank_values, subs):
                 return next(iter(steps[point].values()))[0]
     return None
+
+
+def _gives_when_changed(
+    chosen: dict[int, _Cut],
+    per_rank: dict[int, list[NumberStep]],
+    domain: np.ndarray,
+    expected: dict[int, tuple[int, int]],
+    per_rank_values: bool = False,
+    subs: Substitutions | None = None,
+) -> bool:
+    """Whether one value of the changed number (one per rank, for a number that reads the rank)
+    makes every chosen cut hold exactly its expected range."""
+    reads_rank = per_rank_values or any(s.reads_rank() for steps in per_rank.values() for s in steps)
+    ok = np.ones(domain.shape, dtype=bool)
+    for rank, cut in chosen.items():
+        if rank not in expected:
+            continue
+        start, end = _range_of(cut, {id(s) for s in per_rank.get(rank, [])}, domain, subs)
+        hits = (start == expected[rank][0]) & (end == expected[rank][1])
+        if reads_rank:
+            if not hits.any():
+                return False
+        else:
+            ok &= hits
+    return reads_rank or bool(ok.any())
 
 
 def _only_feeds_this_cut(

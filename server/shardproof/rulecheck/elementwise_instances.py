@@ -6,7 +6,7 @@ from typing import Any
 
 from ..capture.lowering_tables import _UNARY
 from .harness import Gen
-from .instances import _members, _shape, instance, near_miss
+from .instances import _members, _selected, _shape, instance, near_miss
 
 
 def _unary(g: Gen) -> str:
@@ -58,3 +58,23 @@ def _(g: Gen) -> dict[str, Any]:
     out = list(shape)
     out[d] = g.int(2, 5)
     return {"X": g.tensor(*shape), "s": g.text(tuple(out))}
+
+
+@instance("product-commutes")
+def _(g: Gen) -> dict[str, Any]:
+    """a and b of one shape, or b broadcast to a's (a weight along the last dims, a per-row factor)."""
+    shape = _shape(g, g.int(1, 3))
+    b_shape = g.pick([shape, shape[-1:], [*shape[:-1], 1]])
+    a, b = g.tensor(*shape), g.tensor(*b_shape)
+    return {"a": a, "b": b} if g.int(0, 1) else {"a": b, "b": a}
+
+
+@instance("regroup-selected-product")
+def _(g: Gen) -> dict[str, Any]:
+    """Two reference values X and G of one shape, both selected alike, and a factor r broadcast along
+    the selected dim (size 1 there: a per-row normaliser every rank holds whole)."""
+    bindings = _selected(g)
+    X, d = bindings.pop("X"), bindings["d"]
+    shape = list(X.shape)
+    shape[d] = 1
+    return bindings | {"X": X, "G": g.tensor(*X.shape), "r": g.tensor(*shape)}

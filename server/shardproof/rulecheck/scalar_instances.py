@@ -127,6 +127,11 @@ def _(g: Gen) -> dict[str, Any]:
     return {"X": g.tensor(*_shape(g, g.int(1, 3))), "f": g.pick(_NOT_SCALINGS)}  # X + 1, X - 1 are not X
 
 
+@instance("square-is-product")
+def _(g: Gen) -> dict[str, Any]:
+    return {"X": g.tensor(*_shape(g, g.int(1, 3)))}
+
+
 @instance("division-undoes-multiple", "multiple-undoes-division")
 def _(g: Gen) -> dict[str, Any]:
     return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": g.pick((-3, -2, 2, 3, 5, 8))}

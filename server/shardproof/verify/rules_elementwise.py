@@ -77,6 +77,20 @@ _rule(
     '(= XC (Bin "add" X C))) ((union y (Bin "add" (Bin "add" a c) b))))',
 )
 _rule(
+    "product-commutes",
+    "elementwise",
+    "a * b = b * a, broadcasting alike (a norm's weight times the normalised value, or the value times the weight)",
+    '(rule ((= y (Bin "mul" a b))) ((union y (Bin "mul" b a))))',
+)
+_rule(
+    "regroup-selected-product",
+    "elementwise",
+    "g * (a * r) = (g * a) * r: a rank scaling its block by a replicated factor and then by its block of a "
+    "weight, where the reference multiplies the weight and the value first (`weight * x * rsqrt(...)`)",
+    '(rule ((= y (Bin "mul" g ar)) (= ar (Bin "mul" a r)) (sel G g d R) (sel X a d R) (= Y (Bin "mul" GX r)) '
+    '(= GX (Bin "mul" G X))) ((union y (Bin "mul" (Bin "mul" g a) r))))',
+)
+_rule(
     "regroup-sum-as-written-elsewhere",
     "elementwise",
     "(a + c) + b = a + (c + b), where the other grouping is already a term (the reference adds the bias to "

@@ -95,6 +95,13 @@ _rule(
     "(rule ((= y (ScI f X 1)) (scaling f)) ((union y X)))",
 )
 _rule(
+    "square-is-product",
+    "normalization",
+    "X ** 2 = X * X (a variance written with pow where the reference's decomposition multiplies the centered "
+    "value by itself: LayerNorm's var_mean)",
+    '(rule ((= y (ScI "pow" X 2))) ((union y (Bin "mul" X X))))',
+)
+_rule(
     "division-undoes-multiple",
     "normalization",
     "(X * a) / a = X for a nonzero integer a (a rank that scales its partial sum before the all-reduce and "

@@ -4,8 +4,10 @@ the rows the rank holds. Reads the rank's embedding weight selection and its ids
 from __future__ import annotations
 
 from ...graph.model import Node
-from ...results import Discrepancy
+from ...results import Discrepancy, Site
 from ..context import Context
+from ..number_origin import moved_to, number_origin
+from ..sites import pick_frame, to_site
 from .masks import mask_interval
 
 
@@ -40,10 +42,16 @@ def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
         if not problems:
             continue
         culprit = mask_node if kept != (start, end) else ids
-        return Discrepancy(
+        primary = ctx.rank_site(culprit) if culprit else ctx.rank_site(node)
+        rows_wrong = kept[0] != start and offset == kept[0]
+        if rows_wrong:
+            # the mask and the shift agree on where this rank's ids start, the rows it holds do
+            # not: the rows were taken from the wrong place (where the weight was sliced)
+            primary = _weight_site(ctx, rank, node.inputs[0]) or primary
+        found = Discrepancy(
             kind="wrong-shard",
             message="vocab-parallel embedding: " + "; ".join(problems),
-            primary=ctx.rank_site(culprit) if culprit else ctx.rank_site(node),
+            primary=primary,
             reference=ctx.ref_site(ref_node, "the reference looks up every token id"),
             related=[s for s in [ctx.rank_site(node, f"the lookup in embedding rows [{start}:{end}]")] if s],
             reference_node=ref_node.id,
@@ -52,4 +60,43 @@ def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
             found=problems[0],
             suggestion=f"keep exactly the ids in [{start}, {end}) (ids >= {start} and ids < {end}) and zero the others",
         )
+        if rows_wrong:
+            found.suggestion = f"take the embedding rows [{kept[0]}:{kept[1]}] the mask keeps for rank {rank}"
+            return _at_rows_origin(ctx, weight_ref, node.inputs[0], found)
+        return found
     return None
+
+
+def _at_rows_origin(ctx: Context, weight_ref: str, weight: str, found: Discrepancy) -> Discrepancy:
+    """The report moved to where the rows' offset was computed: the cut at the weight's site that
+    holds each rank's rows (the ranks' rows, so the cut is told from others on its line)."""
+    if found.primary is None:
+        return found
+    held: dict[int, tuple[int, int]] = {}
+    expected: dict[int, tuple[int, int]] = {}
+    for r in range(len(ctx.ev.ranks)):
+        graph, nodes = ctx.ev.ranks[r], ctx.rank_nodes[r]
+        for lookup in graph.nodes:
+            if lookup.op == "embedding" and lookup.inputs[0] == weight:
+                kept, _, _ = mask_interval(ctx, nodes, nodes.get(lookup.inputs[1]))
+                if kept is not None:
+                    expected[r] = kept
+        rels = [
+            rel
+            for rel in ctx.relations_between(weight_ref, r, weight)
+            if rel.kind == "sel" and rel.dim == -2 and len(rel.ranges) == 1
+        ]
+        if rels:
+            held[r] = rels[0].ranges[0]
+    origin = number_origin(ctx.ev.rank_numbers, (found.primary.file, found.primary.line), held, expected)
+    found = moved_to(found, origin) if origin is not None else found
+    found.details.setdefault("number_origin", {})  # placed: not relocated again
+    return found
+
+
+def _weight_site(ctx: Context, rank: int, value: str) -> Site | None:
+    """Where the builder sliced the rank's embedding weight (its provenance's site)."""
+    placeholder = ctx.rank_placeholders[rank].get(value)
+    expr = ctx.ev.rank_values[rank].get(placeholder.target) if placeholder is not None else None
+    site = getattr(expr, "site", None)
+    return to_site(pick_frame(site, ctx.ref_lines), "the rows this rank holds are taken here") if site else None

@@ -206,9 +206,9 @@ class MoE(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int = HIDDEN) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(HIDDEN))
+        self.weight = nn.Parameter(torch.ones(width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -335,6 +335,32 @@ class UntiedLM(nn.Module):
         return self.lm_head(self.embed_tokens(ids))
 
 
+class NormedProjection(nn.Module):
+    """A projection normalised over its whole width before the output projection (OLMo2's q_norm,
+    an RMSNorm over all heads' queries together)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(HIDDEN, FFN, bias=False)
+        self.q_norm = RMSNorm(FFN)
+        self.o_proj = nn.Linear(FFN, HIDDEN, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(self.q_norm(self.q_proj(x)))
+
+
+class LayerNormedMLP(MLP):
+    """An MLP whose hidden units are layer-normalised before the down projection (NormFormer's
+    extra LayerNorm in the feed-forward block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ffn_norm = nn.LayerNorm(FFN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.ffn_norm(F.gelu(self.up(x))))
+
+
 def mlp() -> MLP:
     return MLP()
 
@@ -445,3 +471,11 @@ def odd_token_ids() -> tuple[torch.Tensor]:
     ids = torch.randint(0, ODD_VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     ids.view(-1)[:2] = torch.tensor([0, ODD_VOCAB - 1])
     return (ids,)
+
+
+def normed_projection() -> NormedProjection:
+    return NormedProjection()
+
+
+def layer_normed_mlp() -> LayerNormedMLP:
+    return LayerNormedMLP()

@@ -127,3 +127,50 @@ def masked_attention() -> MaskedAttention:
 
 def context_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ContextParallel(ref, rank, world_size)
+
+
+def rotated(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of [batch, heads, seq, head_dim] at the given sequence positions."""
+    inverse = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM))
+    angles = positions[:, None].float() * inverse[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+class RotaryAttention(MaskedAttention):
+    """Causal attention with rotary embeddings computed in the forward from the positions."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        positions = torch.arange(s)
+        k, v = (self.heads(t) for t in self.kv(x).chunk(2, dim=-1))
+        q, k = rotated(self.heads(self.q(x)), positions), rotated(k, positions)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(out.transpose(1, 2).reshape(b, s, HIDDEN))
+
+
+class ContextParallelRotary(ContextParallel):
+    """Context parallelism with rotary embeddings: the mask uses the queries' global positions,
+    the rotation of the rank's queries and keys must too."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        rows = s // self.world_size
+        mine = x[:, self.rank * rows : (self.rank + 1) * rows]
+        positions = torch.arange(rows) + self.rank * rows
+        rotary_positions = torch.arange(rows)
+        k, v = (self.heads(t) for t in self.kv(mine).chunk(2, dim=-1))
+        q = rotated(self.heads(self.q(mine)), rotary_positions)
+        k, v = self.gathered(rotated(k, rotary_positions), 2), self.gathered(v, 2)
+        visible = torch.arange(s)[None, :] <= positions[:, None]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+        return self.gathered(self.out(out.transpose(1, 2).reshape(b, rows, HIDDEN)), 1)
+
+
+def rotary_attention() -> RotaryAttention:
+    return RotaryAttention()
+
+
+def context_parallel_rotary(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ContextParallelRotary(ref, rank, world_size)
