@@ -49,7 +49,17 @@ def _fold(regroup: bool) -> list[tuple[list[Piece], int]]:
 def test_the_regrouped_dispatch_is_every_ranks_block_of_my_experts_in_rank_order() -> None:
     readings = _fold(regroup=True)
     # rank 1 holds experts 2..3 of every rank's groups: z_0[2:4] then z_1[2:4], along the groups
-    assert ([Piece(0, "z", -3, 2, 4, False), Piece(1, "z", -3, 2, 4, False)], -2) in readings
+    assert ([Piece(0, "z", -3, 2, 4, False), Piece(1, "z", -3, 2, 4, False)], -2, None) in readings
+
+
+def test_a_concatenation_moved_by_one_permute_is_read_with_the_permutation() -> None:
+    """The regrouped dispatch then `permute(1, 0, 2)`: the value is the concatenation permuted."""
+    graphs = {r: _rank(r, 4, 2, True) for r in (0, 1)}
+    for graph in graphs.values():
+        graph.nodes.append(Node("moved", "permute", ("merged",), {"perm": [1, 0, 2]}, TensorMeta((4, 2, 3), "float32")))
+    calls = {r: graphs[r].nodes[0] for r in (0, 1)}
+    readings = fold(Exchange("all_to_all", (0, 1), calls, graphs), 1, graphs[1].nodes[1:])
+    assert ([Piece(0, "z", -3, 2, 4, False), Piece(1, "z", -3, 2, 4, False)], -2, (1, 0, 2)) in readings
 
 
 def test_without_the_transpose_the_groups_are_interleaved_and_nothing_is_stated() -> None:
@@ -88,7 +98,7 @@ def test_an_exchange_of_a_list_of_pieces_is_followed_through_slices_and_concaten
     nodes = graphs[1].node_map()
     after = [nodes[n] for n in ("r0", "r1", "v0", "v1", "out")]
     # rank 1 receives the second column block of every rank's x, stacked along the rows in rank order
-    assert ([Piece(0, "x", -1, 2, 4, False), Piece(1, "x", -1, 2, 4, False)], -2) in fold(exchange, 1, after)
+    assert ([Piece(0, "x", -1, 2, 4, False), Piece(1, "x", -1, 2, 4, False)], -2, None) in fold(exchange, 1, after)
 
 
 def test_an_empty_slice_of_the_received_value_states_nothing() -> None:

@@ -172,8 +172,8 @@ class CollectiveLowering:
         else:
             return
         self._relayouts[key] = state
-        for pieces, dim in fold(*state):
-            self._union_concatenation(name, state[0], pieces, dim)
+        for pieces, dim, perm in fold(*state):
+            self._union_concatenation(name, state[0], pieces, dim, perm)
 
     def _order(self, graph: Graph, node: Node) -> int:
         """A node's position in its graph (movement after an exchange is evaluated in this order)."""
@@ -182,7 +182,9 @@ class CollectiveLowering:
             positions = self._positions[graph.name] = {n.id: i for i, n in enumerate(graph.nodes)}
         return positions[node.id]
 
-    def _union_concatenation(self, name: str, exchange: Exchange, pieces: list[Piece], dim: int) -> None:
+    def _union_concatenation(
+        self, name: str, exchange: Exchange, pieces: list[Piece], dim: int, perm: tuple[int, ...] | None = None
+    ) -> None:
         terms, metas = [], []
         for piece in pieces:
             source_graph = exchange.graphs[piece.rank]
@@ -204,7 +206,13 @@ class CollectiveLowering:
             block = TensorMeta(tuple(shape), meta.dtype)
             terms.append(self._moved_block(source, piece.dim, piece.start, piece.end, block))
             metas.append(block)
-        self.commands.append(f"(union {name} {self._inline_cat(terms, metas, dim)})")
+        concatenation = self._inline_cat(terms, metas, dim)
+        if perm is not None:  # the value is the concatenation permuted (relayout.fold)
+            shape = list(metas[0].shape)
+            shape[len(shape) + dim] = sum(m.shape[len(shape) + dim] for m in metas)
+            whole = self.let(self._fresh("a2acat"), concatenation, TensorMeta(tuple(shape), metas[0].dtype))
+            concatenation = self.permutations.permute(whole, list(perm))
+        self.commands.append(f"(union {name} {concatenation})")
 
     def _moved_block(self, source: str, dim: int, start: int, end: int, meta: TensorMeta) -> str:
         """A slice of a rank's value that an exchange moves (the `a2a-piece` rules may relate it)."""

@@ -142,11 +142,16 @@ def _evaluate_into(env: dict, nodes: tuple[Node, ...] | list[Node]):  # type: ig
     return env[nodes[-1].id]
 
 
-def fold(exchange: Exchange, receiver: int, after: list[Node]) -> list[tuple[list[Piece], int]]:
+Reading = tuple[list[Piece], int, tuple[int, ...] | None]
+
+
+def fold(exchange: Exchange, receiver: int, after: list[Node]) -> list[Reading]:
     """Every reading of the receiver's value after the exchange and the movement nodes `after` (in
     graph order, the last one the value) as a concatenation, along one dim, of blocks of the
     members' sources (values the exchanged ones are computed from by movement alone, at any
-    depth). Size-1 dims can make several true."""
+    depth), or as a permutation of such a concatenation (the third element: the value is the
+    concatenation `.permute(perm)`; None when it is the concatenation itself). Size-1 dims can
+    make several true."""
     depth = max(len(chain) for chain in exchange.sources.values())
     if depth == 1 and not after:
         return []  # no layout on either side: the call-by-call lowering says it all
@@ -199,13 +204,37 @@ def _fold_from_uncached(exchange, receiver, after, sources, level, torch):  # ty
     result = _evaluate_into(env, after)
     if result.numel() == 0:
         return []  # an empty slice of the received value holds nothing to relate
+    readings = _readings(result, None, group, sources, shapes, base, torch)
+    if not readings and result.dim() <= _MAX_PERMUTED_DIMS and result.numel() <= _MAX_PERMUTED_ELEMENTS:
+        # one permute moved the blocks' dims out of their sources' order (the received blocks of an
+        # all-to-all reshaped and moved with `permute(1, 2, 0, 3)`): the value is a permutation of
+        # a concatenation in the sources' order, found the same way
+        import itertools
+
+        for perm in itertools.permutations(range(result.dim())):
+            if list(perm) == sorted(perm):
+                continue
+            inverse = [perm.index(d) for d in range(len(perm))]
+            readings = _readings(result.permute(*inverse), perm, group, sources, shapes, base, torch)
+            if readings:
+                break
+    return readings
+
+
+# permutations are searched for values of at most this many dims and elements (120 permutations)
+_MAX_PERMUTED_DIMS = 5
+_MAX_PERMUTED_ELEMENTS = 1 << 16
+
+
+def _readings(result, perm, group, sources, shapes, base, torch):  # type: ignore[no-untyped-def]
+    """The readings of `result` as a concatenation of the sources' blocks, each with `perm`."""
     readings = []
     owners = (result // base).to(torch.int16 if len(group) < 2**15 else torch.int64)  # once for every dim
     for dim in range(result.dim()):
         values = {r: sources[r].value for r in group}
         pieces = _pieces_along(result, owners, dim, group, values, shapes, base, torch)
         if pieces is not None:
-            readings.append((pieces, dim - result.dim()))
+            readings.append((pieces, dim - result.dim(), perm))
     return readings
 
 
