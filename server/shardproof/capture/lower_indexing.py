@@ -45,8 +45,7 @@ class IndexingLowering:
         if literal is not None:
             self.add(fx, "fill", [self.value(b), self.value(cond)], {"value": literal}, meta)
         elif kept_literal is not None:  # where(c, x, number): x filled where c does not hold
-            cond_id = self.value(cond)
-            negated = self.add(fx, "unary", [cond_id], {"fn": "logical_not"}, self.meta(cond_id), suffix=".unmasked")
+            negated = self._negation(fx, self.value(cond))
             self.add(fx, "fill", [self.value(a), negated], {"value": kept_literal}, meta)
         elif both:
             self.add(fx, "where", [self.value(cond), self.value(a), self.value(b)], {}, meta)
@@ -55,6 +54,15 @@ class IndexingLowering:
         else:
             return False
         return True
+
+    def _negation(self, fx: torch.fx.Node, mask: str) -> str:
+        """A node for the negation of a boolean mask, folded like any constant when the mask is one
+        (a causal mask stays comparable to the reference's, folding.py)."""
+        negated = self.add(fx, "unary", [mask], {"fn": "logical_not"}, self.meta(mask), suffix=".unmasked")
+        value = self.folded.get(mask)
+        if value is not None:
+            self.note_folded(negated, torch.logical_not(value))
+        return negated
 
     def _uniform(self, branch: torch.fx.Node, other: torch.fx.Node, meta: TensorMeta) -> Any:
         """The number every element of `branch` holds, when the where's result is `other` with

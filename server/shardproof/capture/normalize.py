@@ -220,15 +220,19 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         self._convert(fx)
         value = self.folder.fold(fx)
         if value is not None:
-            node = self.nodes_by_id.get(self.alias.get(fx.name, fx.name))
-            if node is not None and node.meta.shape == tuple(value.shape):
-                node.attrs["folded"] = value_digest(value)
-                self.folded[node.id] = value
-                masked = masked_positions(value)
-                if masked is not None:
-                    node.attrs["neg_inf_at"] = masked
-                if value.dtype == torch.bool and value.numel() and not bool(value.any()):
-                    node.attrs["sets_nothing"] = True  # a mask a fill with it leaves every value of
+            self.note_folded(self.alias.get(fx.name, fx.name), value)
+
+    def note_folded(self, value_id: str, value: torch.Tensor) -> None:
+        """Record a node's value computed from constants alone (folding.py) on the node."""
+        node = self.nodes_by_id.get(value_id)
+        if node is not None and node.meta.shape == tuple(value.shape):
+            node.attrs["folded"] = value_digest(value)
+            self.folded[node.id] = value
+            masked = masked_positions(value)
+            if masked is not None:
+                node.attrs["neg_inf_at"] = masked
+            if value.dtype == torch.bool and value.numel() and not bool(value.any()):
+                node.attrs["sets_nothing"] = True  # a mask a fill with it leaves every value of
 
     def _convert(self, fx: torch.fx.Node) -> None:
         target = fx.target

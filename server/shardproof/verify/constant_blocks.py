@@ -6,7 +6,9 @@ written differently: context parallelism's causal mask for its rows of queries
 (`arange(s)[None] <= arange(n)[:, None] + rank * n` against `ones(s, s).tril()`), the ALiBi
 slopes of its heads. Where a rank's constant equals a contiguous block of one dimension of a
 reference constant (compared value by value), the rank's value is stated to be that slice of the
-reference's: a fact of evaluation, sound for any program.
+reference's: a fact of evaluation, sound for any program. Only constants made by the same
+operation are compared: an equality between constants made otherwise (a column of a mask and a
+test of its rows) is true but a coincidence that would mislead the localizer.
 """
 
 from __future__ import annotations
@@ -26,18 +28,29 @@ def constant_block_facts(encoder: Encoder, reference: Graph, ranks: list[Graph])
     from ..capture.folding import value_digest  # torch: only where there are constants to compare
 
     digests = {value_digest(value) for value in known.values()}
+    made_by = {ref_id: _made_by(reference, ref_id) for ref_id in known}
     facts: list[str] = []
     for graph in ranks:
         for value_id, value in _encoded(encoder, graph).items():
             if value_digest(value) in digests:
                 continue  # equal to a reference constant: already one term
+            role = _made_by(graph, value_id)
             for ref_id, whole in known.items():
+                if made_by[ref_id] != role:
+                    continue  # equal values made otherwise (a column of a mask and a row test) are a coincidence
                 for dim, start in _blocks_of(value, whole, graph.rank):
                     end = start + value.shape[dim]
                     # dims are written counted from the last (encode.py)
                     sliced = f"(Slice {encoder.term(reference, ref_id)} {dim - whole.dim()} {start} {end})"
                     facts.append(f"(union {encoder.term(graph, value_id)} {sliced})")
     return facts
+
+
+def _made_by(graph: Graph, value_id: str) -> tuple[Any, ...]:
+    """The operation that made a constant (a lifted one: its kind): the reference's counterpart of a
+    rank's block is made by the same one (`~mask` of both, the ALiBi product of both)."""
+    node = next((n for n in graph.nodes if n.id == value_id), None)
+    return ("placeholder",) if node is None else (node.op, node.attrs.get("fn"))
 
 
 def _encoded(encoder: Encoder, graph: Graph) -> dict[str, Any]:
