@@ -46,6 +46,11 @@ class Blame:
             # Contiguous pieces joined into a scattered selection (tiled instead of interleaved
             # heads): related, but in a layout the reference never has. Formed here.
             return self.rank_site(node, "the pieces are joined in this order here"), "layout"
+        if node.op in ("scalar", "unary") and len(node.inputs) == 1 and not self.is_related(rank, node.id):
+            # an elementwise op of one value keeps whatever relation its input has (a block stays
+            # that block): a related input and an unrelated result is the op itself (a wrong
+            # factor, an op the reference does not apply there), not where the input came from
+            return self.rank_site(node), "node"
         sharded = [v for v in node.inputs if not self._is_replicated(rank, v)]
         if sharded:
             return self.blame(rank, sharded[-1], depth + 1, suspects)

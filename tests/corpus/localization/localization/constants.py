@@ -45,6 +45,23 @@ def scale_from_local_width(ref: nn.Module, rank: int, world_size: int) -> nn.Mod
     return ScaledGQA(ref, rank, world_size)
 
 
+class PrescaledQueries(ScaledGQA):
+    """The queries scaled before torch's attention (`scale=1.0`), as some code bases fold the
+    softmax scale into the query projection's output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (F.linear(x, w).view(b, s, -1, HEAD_DIM).transpose(1, 2) for w in (self.q, self.k, self.v))
+        q = q * self.q_size**-0.5
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
+        return all_reduce_sum(F.linear(out.transpose(1, 2).flatten(2), self.o))
+
+
+def prescaled_queries_local_width(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return PrescaledQueries(ref, rank, world_size)
+
+
 class ScaledMHA(nn.Module):
     """GPT-2 attention with the heads split over ranks; the head dim (for the scale) derived from
     the hidden width and the head count."""
