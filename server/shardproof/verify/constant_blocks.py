@@ -28,13 +28,13 @@ def constant_block_facts(encoder: Encoder, reference: Graph, ranks: list[Graph])
     from ..capture.folding import value_digest  # torch: only where there are constants to compare
 
     digests = {value_digest(value) for value in known.values()}
-    made_by = {ref_id: _made_by(reference, ref_id) for ref_id in known}
+    made_by = {ref_id: _made_by(encoder, reference, ref_id) for ref_id in known}
     facts: list[str] = []
     for graph in ranks:
         for value_id, value in _encoded(encoder, graph).items():
             if value_digest(value) in digests:
                 continue  # equal to a reference constant: already one term
-            role = _made_by(graph, value_id)
+            role = _made_by(encoder, graph, value_id)
             for ref_id, whole in known.items():
                 if made_by[ref_id] != role:
                     continue  # equal values made otherwise (a column of a mask and a row test) are a coincidence
@@ -46,10 +46,10 @@ def constant_block_facts(encoder: Encoder, reference: Graph, ranks: list[Graph])
     return facts
 
 
-def _made_by(graph: Graph, value_id: str) -> tuple[Any, ...]:
+def _made_by(encoder: Encoder, graph: Graph, value_id: str) -> tuple[Any, ...]:
     """The operation that made a constant (a lifted one: its kind): the reference's counterpart of a
     rank's block is made by the same one (`~mask` of both, the ALiBi product of both)."""
-    node = next((n for n in graph.nodes if n.id == value_id), None)
+    node = encoder._nodes_of(graph).get(value_id)
     return ("placeholder",) if node is None else (node.op, node.attrs.get("fn"))
 
 
