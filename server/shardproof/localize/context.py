@@ -3,6 +3,7 @@ value plays a reference value's part, what relations hold, where a node's line i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -270,16 +271,9 @@ class Context(Blame, Pictures, Plans):
             unrelated = {n.id for n in self.reference.nodes if not any(self.index.related(n.id, r) for r in everywhere)}
         else:
             unrelated = {n.id for n in self.reference.nodes if not self.index.related(n.id, rank)}
-        harmful: set[str] = set()
-        stack = [o for o in failing_ids if o in unrelated]
-        while stack:
-            value = stack.pop()
-            if value in harmful:
-                continue
-            harmful.add(value)
-            node = self.ref_nodes.get(value)
-            if node is not None:
-                stack.extend(i for i in node.inputs if i in unrelated)
+        harmful = _back_from(
+            [o for o in failing_ids if o in unrelated], self.ref_nodes, lambda value: value in unrelated
+        )
         for node in self.reference.nodes:
             if node.id in harmful and not any(i in harmful for i in node.inputs):
                 return node.id
@@ -291,30 +285,16 @@ class Context(Blame, Pictures, Plans):
         others = [r for r in range(len(self.ev.ranks)) if r != rank]
         if not others:
             return None
-        ancestors: set[str] = set()
-        stack = list(failing_ids)
-        while stack:
-            value = stack.pop()
-            if value in ancestors:
-                continue
-            ancestors.add(value)
-            node = self.ref_nodes.get(value)
-            if node is not None:
-                stack.extend(node.inputs)
+        ancestors = _back_from(failing_ids, self.ref_nodes, lambda _value: True)
         # the rank's own values the failure flows through: back from its outputs, through values
         # with no relation (a rank value a relation explains is not where its output goes wrong)
-        graph, nodes = self.ev.ranks[rank], self.rank_nodes[rank]
+        graph = self.ev.ranks[rank]
         outputs = {self.reference.outputs.index(o) for o in failing_ids if o in self.reference.outputs}
-        tainted: set[str] = set()
-        stack = [graph.outputs[i] for i in outputs if i < len(graph.outputs)]
-        while stack:
-            value = stack.pop()
-            if value in tainted:
-                continue
-            tainted.add(value)
-            rank_node = nodes.get(value)
-            if rank_node is not None:
-                stack.extend(i for i in rank_node.inputs if not self.is_related(rank, i))
+        tainted = _back_from(
+            [graph.outputs[i] for i in outputs if i < len(graph.outputs)],
+            self.rank_nodes[rank],
+            lambda value: not self.is_related(rank, value),
+        )
         for node in self.reference.nodes:
             if node.id not in ancestors or self.index.related(node.id, rank):
                 continue
@@ -331,3 +311,18 @@ class Context(Blame, Pictures, Plans):
         roles = self.reference.gradient_roles
         role = roles[index] if index < len(roles) else None
         return role.parameter if role is not None else None
+
+
+def _back_from(start: list[str], nodes: dict[str, Node], follows: Callable[[str], bool]) -> set[str]:
+    """`start` and every value reached backwards from it through inputs that `follows` accepts."""
+    reached: set[str] = set()
+    stack = list(start)
+    while stack:
+        value = stack.pop()
+        if value in reached:
+            continue
+        reached.add(value)
+        node = nodes.get(value)
+        if node is not None:
+            stack.extend(i for i in node.inputs if follows(i))
+    return reached
