@@ -3,12 +3,14 @@ into parameter provenance (the slice taken per rank), or to the line that handed
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from ..graph.model import Frame, Node
 from ..relations import expr as px
 from ..results import Site
 from ..verify.relations_found import Relation
+from .kept_numbers import kept_number
 from .sites import Line, line_of, pick_frame, to_site
 from .wording import describe_op
 
@@ -50,11 +52,33 @@ class Blame:
             # an elementwise op of one value keeps whatever relation its input has (a block stays
             # that block): a related input and an unrelated result is the op itself (a wrong
             # factor, an op the reference does not apply there), not where the input came from
-            return self.rank_site(node), "node"
+            return self._kept_factor_site(rank, node) or self.rank_site(node), "node"
         sharded = [v for v in node.inputs if not self._is_replicated(rank, v)]
         if sharded:
             return self.blame(rank, sharded[-1], depth + 1, suspects)
         return self.rank_site(node), "node"
+
+    def _kept_factor_site(self, rank: int, node: Node) -> Site | None:
+        """Where the factor of a wrong scaling was computed, when the forward reads it from a
+        number the builder kept (`q * self.scaling`) and that number was computed from the world
+        size (a rank's share of a size where the whole size belongs): the computation, not the use."""
+        used = node.attrs.get("value")
+        frame = self.rank_frame(node)
+        if node.op != "scalar" or not isinstance(used, int | float) or not used or frame is None:
+            return None
+
+        def holds(value: float) -> bool:
+            return math.isclose(float(used), value, rel_tol=1e-9) or (
+                value != 0 and math.isclose(float(used), 1 / value, rel_tol=1e-9)
+            )
+
+        kept = kept_number(node.site, frame, self.ev.rank_numbers[rank], holds)
+        if kept is None:
+            return None
+        step, name = kept
+        if step.frame is None or not any(s.op == "world size" for s in step.ancestors()):
+            return None
+        return to_site(step.frame, f"{name} is computed here, from this rank's share of a size")
 
     def _scatters_selection(self, rank: int, node: Node) -> bool:
         """The node holds a selection of several ranges although each input is one range."""

@@ -62,6 +62,26 @@ def prescaled_queries_local_width(ref: nn.Module, rank: int, world_size: int) ->
     return PrescaledQueries(ref, rank, world_size)
 
 
+class PrescaledQueriesKept(PrescaledQueries):
+    """As PrescaledQueries, the factor kept by the builder (a `scaling` attribute, as Hugging Face
+    attention classes keep it)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__(ref, rank, world_size)
+        self.scaling = self.q_size**-0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (F.linear(x, w).view(b, s, -1, HEAD_DIM).transpose(1, 2) for w in (self.q, self.k, self.v))
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        out = F.scaled_dot_product_attention(q * self.scaling, k, v, is_causal=True, scale=1.0)
+        return all_reduce_sum(F.linear(out.transpose(1, 2).flatten(2), self.o))
+
+
+def prescaled_queries_kept_local_width(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return PrescaledQueriesKept(ref, rank, world_size)
+
+
 class ScaledMHA(nn.Module):
     """GPT-2 attention with the heads split over ranks; the head dim (for the scale) derived from
     the hidden width and the head count."""
