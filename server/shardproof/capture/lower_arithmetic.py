@@ -80,12 +80,19 @@ class ArithmeticLowering:
                 continue
             if value_meta.shape != meta.shape or value_meta.dtype != meta.dtype:
                 continue
-            negated = self._without_negation(fx, mask)
-            if negated is None:
-                negated = self.add(fx, "unary", [mask], {"fn": "logical_not"}, mask_meta, suffix=".unmasked")
+            negated = self._without_negation(fx, mask) or self._negation(fx, mask)
             self.add(fx, "fill", [value, negated], {"value": 0.0}, meta)
             return True
         return False
+
+    def _negation(self, fx: torch.fx.Node, mask: str) -> str:
+        """A node for the negation of a boolean mask, folded like any constant when the mask is one
+        (a causal mask stays comparable to the reference's, folding.py)."""
+        negated = self.add(fx, "unary", [mask], {"fn": "logical_not"}, self.meta(mask), suffix=".unmasked")
+        value = self.folded.get(mask)
+        if value is not None:
+            self.note_folded(negated, torch.logical_not(value))
+        return negated
 
     def _without_negation(self, fx: torch.fx.Node, mask: str) -> str | None:
         """The mask's negation without a double negation, when the mask is the negation of a

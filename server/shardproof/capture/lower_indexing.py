@@ -55,15 +55,6 @@ class IndexingLowering:
             return False
         return True
 
-    def _negation(self, fx: torch.fx.Node, mask: str) -> str:
-        """A node for the negation of a boolean mask, folded like any constant when the mask is one
-        (a causal mask stays comparable to the reference's, folding.py)."""
-        negated = self.add(fx, "unary", [mask], {"fn": "logical_not"}, self.meta(mask), suffix=".unmasked")
-        value = self.folded.get(mask)
-        if value is not None:
-            self.note_folded(negated, torch.logical_not(value))
-        return negated
-
     def _uniform(self, branch: torch.fx.Node, other: torch.fx.Node, meta: TensorMeta) -> Any:
         """The number every element of `branch` holds, when the where's result is `other` with
         some elements replaced by it (`other` has the result's shape and type), else None: a
@@ -72,7 +63,7 @@ class IndexingLowering:
         other_meta = _meta_of(other.meta.get("val"))
         if other_meta is None or other_meta.shape != meta.shape or other_meta.dtype != meta.dtype:
             return None
-        literal = _scalar_literal(branch) or _filled_with(branch)
+        literal = _filled_with(branch)
         if literal is None:
             value = self.folder.values.get(branch.name)
             if value is not None and value.numel() and not value.is_complex() and value.dtype != torch.bool:

@@ -179,33 +179,30 @@ def _scalar_literal(value: torch.fx.Node) -> Any:
 
 
 def _filled_with(value: torch.fx.Node) -> Any:
-    """The number a factory fills its tensor with (`zeros_like(x)`, `full((n,), 2.0)`), else None."""
+    """The number a factory fills its tensor with (`zeros_like(x)`, `full((n,), 2.0)`,
+    `scalar_tensor(0.0)`), else None."""
     if value.op != "call_function":
         return None
-    name = getattr(value.target, "__name__", "").split(".")[0]
-    fills = {"zeros": 0, "zeros_like": 0, "ones": 1, "ones_like": 1}
-    if name in fills:
-        number: Any = fills[name]
-    elif name in ("full", "full_like"):
-        number = value.args[1] if len(value.args) > 1 else value.kwargs.get("fill_value")
+    number = _fill_number(_op_name(value), value.args, value.kwargs)
+    return None if number is None else _literal(number)
+
+
+def _fill_number(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | float | None:
+    """The one number a factory call fills its tensor with, else None."""
+    if name in ("zeros", "zeros_like", "ones", "ones_like"):
+        return 0 if name.startswith("zeros") else 1
+    if name in ("full", "full_like"):
+        number = args[1] if len(args) > 1 else kwargs.get("fill_value")
+    elif name == "scalar_tensor":
+        number = args[0] if args else kwargs.get("s")
     else:
         return None
-    if isinstance(number, int | float) and not isinstance(number, bool):
-        return _literal(number)
-    return None
+    return number if isinstance(number, int | float) and not isinstance(number, bool) else None
 
 
 def _all_zeros(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a factory call makes a tensor of zeros (a sum's start: `out = zeros_like(x)`)."""
-    if name in ("zeros", "zeros_like"):
-        return True
-    if name in ("full", "full_like"):
-        value = args[1] if len(args) > 1 else kwargs.get("fill_value")
-    elif name == "scalar_tensor":
-        value = args[0] if args else kwargs.get("s")
-    else:
-        return False
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+    return _fill_number(name, args, kwargs) == 0
 
 
 def _literal(value: Any) -> Any:

@@ -3,14 +3,13 @@ into parameter provenance (the slice taken per rank), or to the line that handed
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from ..graph.model import Frame, Node
 from ..relations import expr as px
 from ..results import Site
 from ..verify.relations_found import Relation
-from .kept_numbers import kept_number
+from .kept_numbers import kept_factor
 from .sites import Line, line_of, pick_frame, to_site
 from .wording import describe_op
 
@@ -67,12 +66,7 @@ class Blame:
         if node.op != "scalar" or not isinstance(used, int | float) or not used or frame is None:
             return None
 
-        def holds(value: float) -> bool:
-            return math.isclose(float(used), value, rel_tol=1e-9) or (
-                value != 0 and math.isclose(float(used), 1 / value, rel_tol=1e-9)
-            )
-
-        kept = kept_number(node.site, frame, self.ev.rank_numbers[rank], holds)
+        kept = kept_factor(node.site, frame, self.ev.rank_numbers[rank], float(used))
         if kept is None:
             return None
         step, name = kept

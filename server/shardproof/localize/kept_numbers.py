@@ -10,6 +10,7 @@ rank's builder left on instances of the enclosing class (capture/numbers.py, pla
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Callable
 
 from ..graph.model import Frame, SourceSite
@@ -33,6 +34,20 @@ def kept_number(
         if kept is not None and matches(float(kept[0].value)):
             found.append(kept)
     return found[0] if len(found) == 1 else None
+
+
+def kept_factor(
+    site: SourceSite | None, frame: Frame, numbers: BuilderNumbers, used: float
+) -> tuple[NumberStep, str] | None:
+    """`kept_number` for an operation's factor: the number itself, or its inverse (x / c written
+    as x * (1 / c))."""
+
+    def holds(value: float) -> bool:
+        return math.isclose(float(used), value, rel_tol=1e-9) or (
+            value != 0 and math.isclose(float(used), 1 / value, rel_tol=1e-9)
+        )
+
+    return kept_number(site, frame, numbers, holds)
 
 
 def _attribute_read(

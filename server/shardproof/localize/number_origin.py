@@ -302,12 +302,11 @@ def _gives_when_changed(
 ) -> bool:
     """Whether one value of the changed number (one per rank, for a number that reads the rank)
     makes every chosen cut hold exactly its expected range."""
-    reads_rank = per_rank_values or any(s.reads_rank() for steps in per_rank.values() for s in steps)
+    reads_rank = per_rank_values or _reads_rank(per_rank)
     ok = np.ones(domain.shape, dtype=bool)
-    for rank, cut in chosen.items():
+    for rank, (start, end) in _ranges_when_changed(chosen, per_rank, domain, subs).items():
         if rank not in expected:
             continue
-        start, end = _range_of(cut, {id(s) for s in per_rank.get(rank, [])}, domain, subs)
         hits = (start == expected[rank][0]) & (end == expected[rank][1])
         if reads_rank:
             if not hits.any():
@@ -344,17 +343,8 @@ def _tiles_when_changed(
     per_rank_values: bool = False,
     subs: Substitutions | None = None,
 ) -> bool:
-    reads_rank = per_rank_values or any(s.reads_rank() for steps in per_rank.values() for s in steps)
-    ranges = {}
-    for rank, cut in chosen.items():
-        changed = {id(s) for s in per_rank.get(rank, [])}
-        start, end = _range_of(cut, changed, domain, subs)
-        shares = [share_of(s) for s in per_rank.get(rank, [])]
-        if shares and shares[0] is not None:
-            # a per-rank share (n // world size) is right as a share: only its rounding may be wrong
-            rounding = np.abs(domain - shares[0]) < 1
-            start, end = np.where(rounding, start, -1.0), np.where(rounding, end, -1.0)
-        ranges[rank] = (start, end)
+    reads_rank = per_rank_values or _reads_rank(per_rank)
+    ranges = _ranges_when_changed(chosen, per_rank, domain, subs)
     ranks = sorted(ranges)
     if not reads_rank:
         # one value for every rank: the ranks' blocks follow each other for some value
@@ -373,6 +363,28 @@ def _tiles_when_changed(
         if not reachable:
             return False
     return float(size) in reachable
+
+
+def _reads_rank(per_rank: dict[int, list[NumberStep]]) -> bool:
+    return any(s.reads_rank() for steps in per_rank.values() for s in steps)
+
+
+def _ranges_when_changed(
+    chosen: dict[int, _Cut], per_rank: dict[int, list[NumberStep]], domain: np.ndarray, subs: Substitutions | None
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each chosen cut's [start, end) for every value in `domain` of the changed number (no range,
+    -1, where a per-rank share would change by more than its rounding)."""
+    ranges = {}
+    for rank, cut in chosen.items():
+        changed = {id(s) for s in per_rank.get(rank, [])}
+        start, end = _range_of(cut, changed, domain, subs)
+        shares = [share_of(s) for s in per_rank.get(rank, [])]
+        if shares and shares[0] is not None:
+            # a per-rank share (n // world size) is right as a share: only its rounding may be wrong
+            rounding = np.abs(domain - shares[0]) < 1
+            start, end = np.where(rounding, start, -1.0), np.where(rounding, end, -1.0)
+        ranges[rank] = (start, end)
+    return ranges
 
 
 # -- which computation: the block index ---------------------------------------------------------

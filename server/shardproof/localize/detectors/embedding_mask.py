@@ -20,14 +20,10 @@ def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
     for node in graph.nodes:
         if node.op != "embedding":
             continue
-        shard = [
-            rel
-            for rel in ctx.relations_between(weight_ref, rank, node.inputs[0])
-            if rel.kind == "sel" and rel.dim == -2 and len(rel.ranges) == 1
-        ]
-        if not shard:
+        rows = _rows_held(ctx, weight_ref, rank, node.inputs[0])
+        if rows is None:
             continue
-        start, end = shard[0].ranges[0]
+        start, end = rows
         ids = nodes.get(node.inputs[1])
         kept, offset, mask_node = mask_interval(ctx, nodes, ids, (start, end))
         if kept is None:
@@ -48,6 +44,9 @@ def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
             # the mask and the shift agree on where this rank's ids start, the rows it holds do
             # not: the rows were taken from the wrong place (where the weight was sliced)
             primary = _weight_site(ctx, rank, node.inputs[0]) or primary
+        suggestion = f"keep exactly the ids in [{start}, {end}) (ids >= {start} and ids < {end}) and zero the others"
+        if rows_wrong:
+            suggestion = f"take the embedding rows [{kept[0]}:{kept[1]}] the mask keeps for rank {rank}"
         found = Discrepancy(
             kind="wrong-shard",
             message="vocab-parallel embedding: " + "; ".join(problems),
@@ -58,12 +57,9 @@ def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
             parallel_nodes=[f"rank{rank}/{node.id}"],
             expected=f"rank {rank} looks up exactly the ids in [{start}:{end}] and zeroes the rest",
             found=problems[0],
-            suggestion=f"keep exactly the ids in [{start}, {end}) (ids >= {start} and ids < {end}) and zero the others",
+            suggestion=suggestion,
         )
-        if rows_wrong:
-            found.suggestion = f"take the embedding rows [{kept[0]}:{kept[1]}] the mask keeps for rank {rank}"
-            return _at_rows_origin(ctx, weight_ref, node.inputs[0], found)
-        return found
+        return _at_rows_origin(ctx, weight_ref, node.inputs[0], found) if rows_wrong else found
     return None
 
 
@@ -81,17 +77,21 @@ def _at_rows_origin(ctx: Context, weight_ref: str, weight: str, found: Discrepan
                 kept, _, _ = mask_interval(ctx, nodes, nodes.get(lookup.inputs[1]))
                 if kept is not None:
                     expected[r] = kept
-        rels = [
-            rel
-            for rel in ctx.relations_between(weight_ref, r, weight)
-            if rel.kind == "sel" and rel.dim == -2 and len(rel.ranges) == 1
-        ]
-        if rels:
-            held[r] = rels[0].ranges[0]
+        rows = _rows_held(ctx, weight_ref, r, weight)
+        if rows is not None:
+            held[r] = rows
     origin = number_origin(ctx.ev.rank_numbers, (found.primary.file, found.primary.line), held, expected)
     found = moved_to(found, origin) if origin is not None else found
     found.details.setdefault("number_origin", {})  # placed: not relocated again
     return found
+
+
+def _rows_held(ctx: Context, weight_ref: str, rank: int, weight: str) -> tuple[int, int] | None:
+    """The one block of the reference table's rows the rank's embedding weight holds, if one."""
+    for rel in ctx.relations_between(weight_ref, rank, weight):
+        if rel.kind == "sel" and rel.dim == -2 and len(rel.ranges) == 1:
+            return rel.ranges[0]
+    return None
 
 
 def _weight_site(ctx: Context, rank: int, value: str) -> Site | None:

@@ -13,7 +13,7 @@ from ...results import Discrepancy, Site
 from ..assignments import assignment_of_used_name
 from ..constant_origin import constant_origin, widest_on_line
 from ..context import Context
-from ..kept_numbers import kept_number
+from ..kept_numbers import kept_factor
 from ..sites import to_site
 from ..wording import describe_op
 
@@ -77,13 +77,7 @@ def _traced_origin(
     if not isinstance(expected, int | float) or not isinstance(used, int | float):
         return None
 
-    # the operation holds the number itself, or its inverse (x / c written as x * (1 / c))
-    def holds(value: float) -> bool:
-        return math.isclose(float(used), value, rel_tol=1e-9) or (
-            value != 0 and math.isclose(float(used), 1 / value, rel_tol=1e-9)
-        )
-
-    kept = kept_number(aligned.site, frame, ctx.ev.rank_numbers[rank], holds)
+    kept = kept_factor(aligned.site, frame, ctx.ev.rank_numbers[rank], float(used))
     if kept is None:
         return None
     step, name = kept
