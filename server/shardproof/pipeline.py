@@ -14,9 +14,6 @@ from typing import TYPE_CHECKING
 
 from .config import Check, Project
 from .errors import CollectiveCallError, ShardproofError
-from .localize.diagnose import Evidence, explain
-from .localize.sites import to_site
-from .localize.unproven import settle
 from .results import CheckResult, Discrepancy, Unsupported, WorldSizeResult
 from .verify import block_contracts
 from .verify.cache import cached_result, result_key, store_result
@@ -165,6 +162,8 @@ def _internal_error(world_size: int, exc: Exception) -> WorldSizeResult:
 
 def _collective_call_discrepancy(exc: CollectiveCallError, world_size: int, seconds: float) -> WorldSizeResult:
     """A collective call every real run rejects, as a discrepancy at the call."""
+    from .localize.sites import to_site
+
     primary = to_site(exc.site)
     finding = Discrepancy(
         "collective-mismatch",
@@ -271,6 +270,10 @@ def verify_world_size(
         result.inconclusive.append(Unsupported("bound", message))
         seconds["localization"] = time.perf_counter() - start
         return result
+    # the localizer (and libcst, ~0.16 s to import) is loaded only for a run that needs it
+    from .localize.diagnose import Evidence, explain
+    from .localize.unproven import settle
+
     evidence = Evidence(
         captured.reference.graph,
         ranks,

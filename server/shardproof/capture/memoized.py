@@ -24,7 +24,7 @@ from ..graph.model import Graph
 from ..relations.assumed import Unrelated
 from ..relations.expr import Expr
 from ..verify.block_contracts import Contract, call_key, contracts, template_of
-from . import blocks, dtensor
+from . import blocks, collector, dtensor
 from .capture_cache import CaptureCache
 from .fake_pg import fake_rank, group_ranks
 from .forked import in_own_fork, map_ranks
@@ -97,6 +97,11 @@ def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
     the plain capture (no repeated block, instances that differ, the same-code pattern)."""
     if capture.check.same_code_reference:
         raise NotMemoizable("the reference is the same code at world size 1")
+    with collector.paused():
+        return _capture_memoized(capture, world_size)
+
+
+def _capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
     with import_roots(capture.project.python_path):
         pending = None
         if capture.memoized_reference is None:  # the reference is the same for every world size

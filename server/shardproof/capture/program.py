@@ -28,7 +28,7 @@ from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Frame, Graph, ModulePlacement
 from ..graph.numbers import BuilderNumbers
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
-from . import dtensor, environment
+from . import collector, dtensor, environment
 from .blocks import tensor_attributes
 from .fake_pg import fake_rank, group_ranks
 from .folding import LiteralValues
@@ -539,6 +539,7 @@ class CheckCapture:
             inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
         return inputs
 
+    @collector.paused()
     def reference(self) -> ReferenceCapture:
         if self._reference is None:
             start = time.perf_counter()
@@ -573,6 +574,7 @@ class CheckCapture:
         reference.graph = to_graph(program, "reference", None, 1)
         reference.decomposed_like_dtensor = True
 
+    @collector.paused()
     def capture(self, world_size: int) -> CaptureResult:
         reference = self.reference()
         meta_inputs = _to_meta(reference.inputs)

@@ -11,11 +11,18 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-from egglog import bindings
-
 CHUNK = 100
+
+
+def _bindings() -> ModuleType:
+    """egglog's bindings, imported when an e-graph is first made (~0.17 s): a process that only
+    captures and reads saturations run elsewhere (the sandbox's) never needs them."""
+    from egglog import bindings
+
+    return bindings
 
 
 class EgglogError(RuntimeError):
@@ -39,12 +46,12 @@ class FrozenRows:
 
 class EGraph:
     def __init__(self) -> None:
-        self._egraph = bindings.EGraph()
+        self._egraph = _bindings().EGraph()
 
     def run_text(self, text: str) -> list[Any]:
         try:
             return self._egraph.run_program(*self._egraph.parse_program(text))
-        except bindings.EggSmolError as exc:
+        except _bindings().EggSmolError as exc:
             raise EgglogError(str(exc)) from None
 
     def load(self, commands: Iterable[str]) -> None:
