@@ -176,7 +176,7 @@ def verify(args: argparse.Namespace) -> int:
     try:
         # stdout carries the report (JSON with --json); what the user's code or its libraries print
         # while being built (fairscale announces its groups) goes to stderr.
-        with Sandbox(memory) as sandbox, contextlib.redirect_stdout(sys.stderr):
+        with Sandbox(memory).start() as sandbox, contextlib.redirect_stdout(sys.stderr):
             for check in checks:
                 progress(check.name, 0, "starting")
                 results.append(

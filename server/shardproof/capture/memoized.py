@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,6 +55,9 @@ class ProgramPieces:
     # the files its capture read: the project modules its process had imported, and those its
     # operations and parameters came from (what a stored capture is checked against)
     read_files: set[str] = field(default_factory=set)
+    # each memoizable instance's parameters as they relate to the reference's (`_Forms`), computed
+    # where the program was captured (in parallel with the other ranks), by instance path
+    forms: dict[str, str] | None = None
 
     def without_modules(self) -> ProgramPieces:
         """The pieces with only what verification reads of the block instances (paths and
@@ -148,6 +152,9 @@ def _capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture
                 if dtensor.uses_dtensor(parallel):
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
                 pieces = _pieces(parallel, values, meta_inputs, f"rank{rank}", rank, world_size, group_ranks, traced)
+            memoizable = {i.path for i in pieces.instances if i.memoizable}
+            forms = _Forms(pieces.values, memoizable)
+            pieces.forms = {path: forms(path) for path in memoizable}
             if store.enabled:  # what a stored capture is checked against
                 graphs = [pieces.skeleton, *pieces.templates.values()]
                 pieces.read_files = project_files(capture.project) | source_files(graphs, [pieces.values])
@@ -367,6 +374,14 @@ class _Forms:
         return self._grouped
 
 
+def _forms_of(program: ProgramPieces, paths: set[str]) -> Callable[[str], str]:
+    """The parameter form of each instance path of `program`: those it was captured with, else
+    computed here."""
+    computed = _Forms(program.values, paths)
+    known = program.forms or {}
+    return lambda path: known[path] if path in known else computed(path)
+
+
 def _groups(reference: ProgramPieces, ranks: list[ProgramPieces]) -> dict[str, str]:
     """Each memoizable instance of the reference -> the template that stands for it in every
     program: the first instance with the same template in each program (instances whose records
@@ -405,7 +420,7 @@ def _units(reference: ProgramPieces, ranks: list[ProgramPieces], groups: dict[st
     units: dict[str, TemplateUnit] = {}
     paths = {i.path for i in reference.instances} | {i.template for i in reference.instances}
     reference_form = _Forms(reference.values, paths)
-    rank_forms = [_Forms(program.values, paths) for program in ranks]
+    rank_forms = [_forms_of(program, paths) for program in ranks]
     for instance in reference.instances:
         if not instance.memoizable:
             continue

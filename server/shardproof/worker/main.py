@@ -35,7 +35,7 @@ class Worker:
         self.jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.cancelled: set[int] = set()
         self.current: int | None = None
-        self.sandbox = Sandbox()
+        self.sandbox = Sandbox().start()
         # (check, mode) -> (hash of the reference's files, reference capture)
         self.references: dict[tuple[str, str], tuple[str, Any]] = {}
         # the reference cut at its blocks (capture/memoized.py: graphs and values, no module), kept
