@@ -63,3 +63,21 @@ def test_every_rank_on_the_first_shard_is_not_proven() -> None:
 
 def test_off_by_one_shard_is_not_proven() -> None:
     assert not _proven(_program([((0, 3), (0, 3)), ((3, 8), (4, 8))]))
+
+
+def test_a_prepared_egraph_proves_what_a_fresh_one_does() -> None:
+    from shardproof.verify.engine import Saturation, prepared_egraph
+
+    def partition(result: Saturation) -> set[frozenset[str]]:
+        classes: dict[int, set[str]] = {}
+        assert result.facts is not None
+        for name, cls in result.facts.classes.items():
+            classes.setdefault(cls, set()).add(name)
+        return {frozenset(names) for names in classes.values()}
+
+    for shards in ([((0, 4), (0, 4)), ((4, 8), (4, 8))], [((0, 4), (0, 4)), ((0, 4), (4, 8))]):
+        commands = _program(shards)
+        fresh = saturate(commands, 50, 30, 100_000)
+        prepared = saturate(commands, 50, 30, 100_000, prepared_egraph())
+        assert (prepared.status, prepared.rows) == (fresh.status, fresh.rows)
+        assert partition(prepared) == partition(fresh)

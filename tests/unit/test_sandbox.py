@@ -42,3 +42,19 @@ def test_a_unit_that_crashes_its_child_leaves_the_others_their_results() -> None
         results = box.saturate_all([Job(TINY, 5, 30, 10_000), Job(["(this is not egglog"], 5, 30, 10_000)])
         assert results[0].status == "fixpoint"
         assert results[1].facts is None
+
+
+def test_started_children_serve_units_one_after_another_from_prepared_egraphs() -> None:
+    # started ahead of the first unit, each child answers unit after unit, each from a fresh
+    # e-graph it prepared while waiting: no unit sees another's terms
+    units = [[*TINY, f'(let $y{i} (Leaf "y{i}"))', f'(node $y{i} "unit{i}/y")'] for i in range(4)]
+    with Sandbox(4096, workers=2).start() as box:
+        started = [child.process.pid for child in box._children]
+        assert len(started) == 2 and all(child.alive() for child in box._children)
+        results = [box.saturate(commands, 5, 30, 10_000) for commands in units]
+        assert sorted(child.process.pid for child in box._children) == sorted(started)  # none spawned
+    for i, result in enumerate(results):
+        assert result.status == "fixpoint"
+        text = json.dumps(result.to_dict())
+        assert f"unit{i}/y" in text
+        assert not any(f"unit{j}/y" in text for j in range(4) if j != i)
