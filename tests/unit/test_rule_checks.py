@@ -74,6 +74,9 @@ MUTANTS = [
     ("permute-of-permute", "(union y (Permute X r))", "(union y (Permute X q))"),  # the first permutation lost
     ("permute-then-broadcast-operand-right", " (<= m k)", ""),  # b read along a dim the permutation moves
     ("selection-of-permute-then-broadcast-operand-left", " (<= m k)", ""),
+    ("binary-of-slice-and-broadcast", " (< k (- 0 d))", ""),  # an operand that has dim d (not broadcast)
+    ("linear-of-leading-slice", "(< d -1)", "(< d 0)"),  # a slice of the features is not one of the outputs
+    ("slice-of-concat-across", "(Slice b d 0 (- e na))", "(Slice b d 0 (- e s))"),  # the second part too long
 ]
 
 

@@ -99,6 +99,14 @@ _rule(
     "(rewrite (Slice (Cat a b d) d s e) (Slice b d (- s na) (- e na)) :when ((= na (sz a d)) (>= s na)))",
 )
 _rule(
+    "slice-of-concat-across",
+    "concat",
+    "a slice across the boundary of two pieces is the concatenation of its parts in each (an output written a "
+    "block at a time by slice assignments: each write keeps the written blocks before it as one slice)",
+    "(rewrite (Slice (Cat a b d) d s e) (Cat (Slice a d s na) (Slice b d 0 (- e na)) d) "
+    ":when ((= na (sz a d)) (< s na) (< na e)))",
+)
+_rule(
     "slice-whole",
     "slicing",
     "the whole extent of a dim is the value itself",
@@ -403,6 +411,13 @@ _rule(
     "matmul",
     "rows of x map to rows of x @ W^T",
     "(rule ((= Y (Linear X W)) (= y (Linear x W)) (sel X x d R) (< d -1)) ((sel Y y d R)))",
+)
+_rule(
+    "linear-of-leading-slice",
+    "matmul",
+    "x[a:b] @ W^T = (x @ W^T)[a:b] along any dim but the last (a rank computing a block of the sequence at a "
+    "time, with its own weight)",
+    "(rewrite (Linear (Slice x d a b) w) (Slice (Linear x w) d a b) :when ((< d -1)))",
 )
 _rule(
     "matmul-by-transpose-is-linear",

@@ -174,3 +174,39 @@ _rule(
     "where(C, A, B)[R] = where(C[R], A[R], B[R])",
     "(rule ((= Y (Where C A B)) (= y (Where c a b)) (sel C c d R) (sel A a d R) (sel B b d R)) ((sel Y y d R)))",
 )
+
+# -- a slice along a dim an op maps one to one is the slice of the op on the whole value: a rank
+# that computes on blocks of the sequence (a chunk at a time, to overlap its reductions with the
+# next chunk's compute) then has the terms of the whole value its blocks are blocks of
+_rule(
+    "unary-of-slice",
+    "elementwise",
+    "f(x[a:b]) = f(x)[a:b] for elementwise f",
+    "(rewrite (Un f (Slice x d a b)) (Slice (Un f x) d a b))",
+)
+_rule(
+    "scalar-of-slice",
+    "elementwise",
+    "f(x[a:b], c) = f(x, c)[a:b]",
+    "(rewrite (Sc f (Slice x d a b) c) (Slice (Sc f x c) d a b))",
+)
+_rule(
+    "binary-of-slice-and-broadcast",
+    "elementwise",
+    "f(x[a:b], c) = f(x, c)[a:b] when c has no dim d (it broadcasts along it)",
+    "(rewrite (Bin f (Slice x d a b) c) (Slice (Bin f x c) d a b) "
+    ":when ((= k (nd c)) (= n (nd x)) (< k (- 0 d)) (<= k n)))",
+)
+_rule(
+    "binary-of-broadcast-and-slice",
+    "elementwise",
+    "f(c, x[a:b]) = f(c, x)[a:b] when c has no dim d (it broadcasts along it)",
+    "(rewrite (Bin f c (Slice x d a b)) (Slice (Bin f c x) d a b) "
+    ":when ((= k (nd c)) (= n (nd x)) (< k (- 0 d)) (<= k n)))",
+)
+_rule(
+    "binary-of-equal-slices",
+    "elementwise",
+    "f(x[a:b], y[a:b]) = f(x, y)[a:b] (dims are counted from the last, so d is the same dim of both and of f)",
+    "(rewrite (Bin f (Slice x d a b) (Slice y d a b)) (Slice (Bin f x y) d a b))",
+)
