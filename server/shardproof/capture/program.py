@@ -297,8 +297,9 @@ def _export_once(module: nn.Module, inputs: tuple[Any, ...]) -> torch.export.Exp
         # torch warns about deprecated collectives and pytree internals while tracing user code
         warnings.simplefilter("ignore")
         with_dtensors = dtensor.uses_dtensor(module)
-        if with_dtensors:
-            dtensor.prepare_export()
+        # also for DTensors made in the forward (`DTensor.from_local(...).redistribute(...)`): their
+        # spec is a constant of the traced calls, and the collectives they run are plain ones
+        dtensor.prepare_export()
         if with_dtensors:
             # DTensor's sharding propagation needs composite ops decomposed (see dtensor.py)
             with (
@@ -390,6 +391,9 @@ def inline_grad_mode_regions(graph_module: torch.fx.GraphModule) -> None:
 _COLLECTIVE_WAIT = "wait_tensor"
 
 
+_FLAT_APPLY = getattr(torch.ops.higher_order, "flat_apply", None)
+
+
 def mutation_free(program: torch.export.ExportedProgram) -> bool:
     """True when functionalisation would change nothing we read: the only in-place ops are the
     copies that write a collective's result back into its own input buffer, that buffer is a
@@ -402,6 +406,10 @@ def mutation_free(program: torch.export.ExportedProgram) -> bool:
     for node in program.graph.nodes:
         if node.op != "call_function":
             continue
+        if node.target is _FLAT_APPLY:
+            # a tensor subclass made in the forward (DTensor.from_local): export keeps the
+            # construction as a call nothing reads; functionalising drops it
+            return False
         schema = getattr(node.target, "_schema", None)
         if schema is None or not schema.is_mutable:
             continue
