@@ -164,3 +164,20 @@ def test_a_mean_cross_entropy_with_label_smoothing_names_every_step_once() -> No
     ids = [n.id for n in graph.nodes]
     assert len(ids) == len(set(ids))
     assert graph.nodes[-1].attrs == {"fn": "div", "value": 6}  # the mean over the 6 tokens
+
+
+def test_a_constant_pad_is_the_value_between_blocks_of_the_constant() -> None:
+    graph = _graph(lambda x: torch.nn.functional.pad(x, (1, 2, 0, 3)), (2, 3, 4))
+    cats = [n for n in graph.nodes if n.op == "cat"]
+    pads = {n.id: n for n in graph.nodes if n.op == "constant"}
+    # the last dim first: 1 before and 2 after, then 3 rows after along the one before it
+    assert [(c.attrs["dim"], c.meta.shape) for c in cats] == [(-1, (2, 3, 7)), (-2, (2, 6, 7))]
+    assert [pads[i].meta.shape if i in pads else "x" for i in cats[0].inputs] == [(2, 3, 1), "x", (2, 3, 2)]
+    assert [pads[i].meta.shape if i in pads else "padded" for i in cats[1].inputs] == ["padded", (2, 3, 7)]
+    assert all(p.attrs.get("zero") for p in pads.values())
+    assert graph.outputs == [cats[-1].id]
+
+
+def test_a_pad_that_crops_stays_an_opaque_call() -> None:
+    graph = _graph(lambda x: torch.nn.functional.pad(x, (0, -1)), (2, 4))
+    assert [n.op for n in graph.nodes] == ["generic"]

@@ -203,6 +203,50 @@ class MovementLowering:
             self.add(fx, "cat", parts, {"dim": dim}, meta)
         return True
 
+    def op_constant_pad_nd(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """A pad with a constant as what it is: the value between two blocks of that constant along
+        each padded dim (DTensor pads an uneven shard before gathering it, and cuts the padding off
+        after). Pads that crop (negative) stay an opaque call."""
+        source = self.value(args[0])
+        pads = list(args[1])
+        value = args[2] if len(args) > 2 else kwargs.get("value", 0.0)
+        if any(not isinstance(k, int) or k < 0 for k in pads) or not isinstance(value, (int, float)):
+            return False
+        current, shape = source, list(self.meta(source).shape)
+        for i in range(0, len(pads), 2):
+            dim, before, after = -1 - i // 2, pads[i], pads[i + 1]
+            if not before and not after:
+                continue
+            parts = []
+            for side, width in (("before", before), ("after", after)):
+                if width:
+                    piece = [*shape[:dim], width, *shape[len(shape) + dim + 1 :]]
+                    key = ("full", tuple(piece), value, meta.dtype)
+                    zero = {"zero": True} if value == 0 else {}
+                    parts.append(
+                        (
+                            side,
+                            self.constant(
+                                fx,
+                                key,
+                                f"full[{piece}, {value}]",
+                                TensorMeta(tuple(piece), meta.dtype),
+                                suffix=f".pad{i // 2}{side}",
+                                **zero,
+                            ),
+                        )
+                    )
+            shape[len(shape) + dim] += before + after
+            pieces = (
+                [p for side, p in parts if side == "before"] + [current] + [p for side, p in parts if side == "after"]
+            )
+            last = i + 2 >= len(pads) or not any(pads[i + 2 :])
+            piece_meta = meta if last else TensorMeta(tuple(shape), meta.dtype)
+            current = self.add(fx, "cat", pieces, {"dim": dim}, piece_meta, suffix="" if last else f".pad{i // 2}")
+        if current == source:
+            self.alias[fx.name] = source
+        return True
+
     def op_repeat(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         """`x.repeat(..)` tiling one dim r times: the concatenation of r copies along it."""
         source = self.value(args[0])

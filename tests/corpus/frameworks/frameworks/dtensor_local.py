@@ -58,3 +58,25 @@ class FullTensorMLP(nn.Module):
 
 def full_tensor_gather(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return FullTensorMLP(ref, rank, world_size)
+
+
+class UnevenFullTensorHead(nn.Module):
+    """A column-parallel LM head over a vocabulary torch.chunk splits unevenly (30 over 4 ranks:
+    8, 8, 8, 6), wrapped with the global shape and stride so that `full_tensor()` gathers the
+    uneven shards (DTensor pads the short one, gathers, and cuts the padding off)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(ref.lm_head.weight.chunk(world_size, dim=0)[rank].clone())
+        self.vocab = ref.lm_head.weight.shape[0]
+        self.mesh = init_device_mesh("cpu", (world_size,))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        local = F.linear(x, self.weight)
+        shape = torch.Size((*local.shape[:-1], self.vocab))
+        stride = (shape[1] * shape[2], shape[2], 1)
+        return DTensor.from_local(local, self.mesh, [Shard(2)], shape=shape, stride=stride).full_tensor()
+
+
+def uneven_full_tensor_head(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return UnevenFullTensorHead(ref, rank, world_size)
