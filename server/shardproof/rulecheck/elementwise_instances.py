@@ -116,9 +116,3 @@ def _broadcast_operand(g: Gen, near: bool) -> dict[str, Any]:
 
 instance_and_near_miss("binary-of-slice-and-broadcast", _broadcast_operand)
 instance_and_near_miss("binary-of-broadcast-and-slice", _broadcast_operand)
-
-
-@instance("binary-of-equal-slices")
-def _(g: Gen) -> dict[str, Any]:
-    bindings = _sliced(g)
-    return bindings | {"y": g.tensor(*bindings["x"].shape), "f": g.pick(_FLOAT_BINARY)}

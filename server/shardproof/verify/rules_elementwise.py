@@ -204,9 +204,3 @@ _rule(
     "(rewrite (Bin f c (Slice x d a b)) (Slice (Bin f c x) d a b) "
     ":when ((= k (nd c)) (= n (nd x)) (< k (- 0 d)) (<= k n)))",
 )
-_rule(
-    "binary-of-equal-slices",
-    "elementwise",
-    "f(x[a:b], y[a:b]) = f(x, y)[a:b] (dims are counted from the last, so d is the same dim of both and of f)",
-    "(rewrite (Bin f (Slice x d a b) (Slice y d a b)) (Slice (Bin f x y) d a b))",
-)

@@ -35,27 +35,27 @@ def batch_halves(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return BatchHalvesMLP(ref, rank, world_size)
 
 
-class SequenceChunkedGatedMLP(nn.Module):
-    """A gated MLP with the gate and up projections column-parallel and the down projection
-    row-parallel, run a block of the sequence at a time; each block's result written into a
-    preallocated output by a slice assignment."""
+class SequenceChunkedMLP(nn.Module):
+    """A row-parallel MLP run a block of the sequence at a time; each block's reduced result (its
+    bias added) written into a preallocated output by a slice assignment."""
 
     def __init__(self, ref: nn.Module, rank: int, world_size: int, chunk: int = 2) -> None:
         super().__init__()
-        self.gate = nn.Parameter(ref.gate_proj.weight.chunk(world_size, dim=0)[rank].clone())
-        self.up = nn.Parameter(ref.up_proj.weight.chunk(world_size, dim=0)[rank].clone())
-        self.down = nn.Parameter(ref.down_proj.weight.chunk(world_size, dim=1)[rank].clone())
+        self.up_weight = nn.Parameter(ref.up.weight.chunk(world_size, dim=0)[rank].clone())
+        self.up_bias = nn.Parameter(ref.up.bias.chunk(world_size, dim=0)[rank].clone())
+        self.down_weight = nn.Parameter(ref.down.weight.chunk(world_size, dim=1)[rank].clone())
+        self.down_bias = nn.Parameter(ref.down.bias.clone())
         self.chunk = chunk
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(*x.shape[:-1], self.down.shape[0], dtype=x.dtype, device=x.device)
+        out = torch.empty(*x.shape[:-1], self.down_bias.shape[0], dtype=x.dtype, device=x.device)
         for start in range(0, x.shape[1], self.chunk):
             block = x[:, start : start + self.chunk]
-            partial = F.linear(F.silu(F.linear(block, self.gate)) * F.linear(block, self.up), self.down)
+            partial = F.linear(F.gelu(F.linear(block, self.up_weight, self.up_bias)), self.down_weight)
             dist.all_reduce(partial)
-            out[:, start : start + self.chunk] = partial
+            out[:, start : start + self.chunk] = partial + self.down_bias
         return out
 
 
 def sequence_chunks(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
-    return SequenceChunkedGatedMLP(ref, rank, world_size)
+    return SequenceChunkedMLP(ref, rank, world_size)
