@@ -6,7 +6,7 @@ from typing import Any
 
 from ..capture.lowering_tables import _UNARY
 from .harness import Gen
-from .instances import _FLOAT_BINARY, _members, _selected, _shape, instance, instance_and_near_miss, near_miss
+from .instances import _members, _selected, _shape, instance, near_miss
 
 
 def _unary(g: Gen) -> str:
@@ -78,41 +78,3 @@ def _(g: Gen) -> dict[str, Any]:
     shape = list(X.shape)
     shape[d] = 1
     return bindings | {"X": X, "G": g.tensor(*X.shape), "r": g.tensor(*shape)}
-
-
-# -- an op on a slice is the slice of the op on the whole value --------------------------------------
-def _sliced(g: Gen, rank: int = 3) -> dict[str, Any]:
-    """x of `rank` dims and a slice [a, b) of its dim d."""
-    x = g.tensor(*_shape(g, rank))
-    d = g.int(-rank, -1)
-    a = g.int(0, x.shape[d] - 1)
-    return {"x": x, "d": d, "a": a, "b": g.int(a + 1, x.shape[d])}
-
-
-@instance("unary-of-slice")
-def _(g: Gen) -> dict[str, Any]:
-    return _sliced(g, g.int(1, 3)) | {"f": _unary(g)}
-
-
-@instance("scalar-of-slice")
-def _(g: Gen) -> dict[str, Any]:
-    f = g.pick(_FLOAT_BINARY + ["r" + name for name in _FLOAT_BINARY if name != "rsub"])
-    return _sliced(g) | {"f": f, "c": str(g.pick((0.5, -1.25, 2.0)))}
-
-
-def _broadcast_operand(g: Gen, near: bool) -> dict[str, Any]:
-    """A slice of x along d and c over the dims right of d only (a bias: it broadcasts along d); the
-    near miss gives c dim d too, of the size of x's, where the slice is one wide (so the op still
-    broadcasts, the slice against c: f(x[a:a+1], c) has all of d's rows, f(x, c)[a:a+1] one)."""
-    bindings = _sliced(g)
-    x, d = bindings["x"], bindings["d"]
-    if not near:
-        return bindings | {"c": g.tensor(*x.shape[d + 1 :]) if d < -1 else g.tensor(), "f": g.pick(_FLOAT_BINARY)}
-    d = g.int(-3, -2)
-    x = g.tensor(*[max(n, 2) for n in x.shape])
-    a = g.int(0, x.shape[d] - 1)
-    return {"x": x, "d": d, "a": a, "b": a + 1, "c": g.tensor(*x.shape[d:]), "f": g.pick(("add", "mul", "sub"))}
-
-
-instance_and_near_miss("binary-of-slice-and-broadcast", _broadcast_operand)
-instance_and_near_miss("binary-of-broadcast-and-slice", _broadcast_operand)

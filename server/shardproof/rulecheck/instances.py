@@ -370,20 +370,6 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"s": na - 1, "e": na + nb}  # starts one inside the first piece
 
 
-@instance("slice-of-concat-across")
-def _(g: Gen) -> dict[str, Any]:
-    bindings = _two_pieces(g)
-    na, nb = bindings["a"].shape[bindings["d"]], bindings["b"].shape[bindings["d"]]
-    return bindings | {"s": g.int(0, na - 1), "e": g.int(na + 1, na + nb)}
-
-
-@near_miss("slice-of-concat-across")
-def _(g: Gen) -> dict[str, Any]:
-    bindings = _two_pieces(g)
-    na, nb = bindings["a"].shape[bindings["d"]], bindings["b"].shape[bindings["d"]]
-    return bindings | {"s": na + 1, "e": na + nb}  # inside the second piece: no part in the first
-
-
 @instance("slice-whole")
 def _(g: Gen) -> dict[str, Any]:
     bindings = _slice_of(g)
@@ -876,23 +862,6 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"d": -1, "R": _scrambled_whole(g, k)}
 
 
-@instance("linear-of-leading-slice")
-def _(g: Gen) -> dict[str, Any]:
-    bindings = _linear(g)
-    x, d = bindings.pop("X"), g.pick((-2, -3))
-    a = g.int(0, x.shape[d] - 1)
-    return {"x": x, "w": bindings["W"], "d": d, "a": a, "b": g.int(a + 1, x.shape[d])}
-
-
-@near_miss("linear-of-leading-slice")
-def _(g: Gen) -> dict[str, Any]:
-    # the slice of the features (d = -1), whole, with more outputs than features: x @ w^T keeps
-    # every output, (x @ w^T)[..., 0:k] only the first k
-    k = g.int(3, 5)
-    bindings = _linear(g, k, k + 2)
-    return {"x": bindings["X"], "w": bindings["W"], "d": -1, "a": 0, "b": k}
-
-
 def _matmul(g: Gen, m: int | None = None, k: int | None = None) -> dict[str, Any]:
     batch = [g.int(2, 3), g.int(2, 4)]
     m, k, n = m or g.int(2, 5), k or g.int(3, 6), g.int(2, 5)
@@ -1332,5 +1301,11 @@ def _(g: Gen) -> dict[str, Any]:
 
 # Instances of other concerns live in their own modules; importing registers them (and gives the
 # recipes above the helpers they share with the reductions' instances).
-from . import elementwise_instances, index_set_instances, permutation_instances, scalar_instances  # noqa: E402, F401
+from . import (  # noqa: E402, F401
+    elementwise_instances,
+    index_set_instances,
+    permutation_instances,
+    scalar_instances,
+    slice_instances,
+)
 from .reduction_instances import _logits_and_targets, _term_tiling, _two_partials, _vocab  # noqa: E402
