@@ -217,35 +217,27 @@ class MovementLowering:
             dim, before, after = -1 - i // 2, pads[i], pads[i + 1]
             if not before and not after:
                 continue
-            parts = []
-            for side, width in (("before", before), ("after", after)):
-                if width:
-                    piece = [*shape[:dim], width, *shape[len(shape) + dim + 1 :]]
-                    key = ("full", tuple(piece), value, meta.dtype)
-                    zero = {"zero": True} if value == 0 else {}
-                    parts.append(
-                        (
-                            side,
-                            self.constant(
-                                fx,
-                                key,
-                                f"full[{piece}, {value}]",
-                                TensorMeta(tuple(piece), meta.dtype),
-                                suffix=f".pad{i // 2}{side}",
-                                **zero,
-                            ),
-                        )
-                    )
+            pieces = [current]
+            if before:
+                pieces.insert(0, self._constant_block(fx, shape, dim, before, value, meta.dtype, f".pad{i // 2}before"))
+            if after:
+                pieces.append(self._constant_block(fx, shape, dim, after, value, meta.dtype, f".pad{i // 2}after"))
             shape[len(shape) + dim] += before + after
-            pieces = (
-                [p for side, p in parts if side == "before"] + [current] + [p for side, p in parts if side == "after"]
-            )
-            last = i + 2 >= len(pads) or not any(pads[i + 2 :])
+            last = not any(pads[i + 2 :])
             piece_meta = meta if last else TensorMeta(tuple(shape), meta.dtype)
             current = self.add(fx, "cat", pieces, {"dim": dim}, piece_meta, suffix="" if last else f".pad{i // 2}")
         if current == source:
             self.alias[fx.name] = source
         return True
+
+    def _constant_block(
+        self, fx: torch.fx.Node, shape: list[int], dim: int, width: int, value: float, dtype: Any, suffix: str
+    ) -> str:
+        """A block of `value` shaped like `shape` but `width` wide along `dim`."""
+        block = (*shape[:dim], width, *shape[len(shape) + dim + 1 :])
+        zero = {"zero": True} if value == 0 else {}
+        key = ("full", block, value, dtype)
+        return self.constant(fx, key, f"full[{list(block)}, {value}]", TensorMeta(block, dtype), suffix=suffix, **zero)
 
     def op_repeat(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         """`x.repeat(..)` tiling one dim r times: the concatenation of r copies along it."""
