@@ -25,15 +25,7 @@ WITHOUT_SITE: dict[str, str] = {}
 
 # Programs the relation algebra cannot prove yet, each with what it lacks. A program that becomes
 # verified fails its test until it is taken off this list, so the list only shrinks.
-KNOWN_GAPS: dict[str, str] = {
-    "ulysses-attention": (
-        "the exchange back to sequence blocks: the received head blocks are moved by one permute of "
-        "five dims and merged into the hidden dim by a view, where the reference transposes its "
-        "[batch, heads, seq, dim] result and reshapes it; no rule relates a view that merges a "
-        "permuted concatenation of ranks' blocks to the reference's reshape (the exchange to head "
-        "blocks, one permute of four dims, is proven)"
-    ),
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 _RESULTS: dict[str, object] = {}
 

@@ -62,8 +62,11 @@ def test_a_concatenation_moved_by_one_permute_is_read_with_the_permutation() -> 
     assert ([Piece(0, "z", -3, 2, 4, False), Piece(1, "z", -3, 2, 4, False)], -2, (1, 0, 2)) in readings
 
 
-def test_without_the_transpose_the_groups_are_interleaved_and_nothing_is_stated() -> None:
-    assert _fold(regroup=False) == []
+def test_without_the_transpose_the_groups_are_interleaved_and_read_as_what_they_are() -> None:
+    """Not the groups in rank order: the received experts' blocks one after the other (along the
+    experts), viewed as [experts / 2, 2 * groups, 3]."""
+    blocks = [Piece(0, "z", -3, 2, 4, False), Piece(1, "z", -3, 2, 4, False)]
+    assert _fold(regroup=False) == [(blocks, -3, None)]
 
 
 def _list_exchange(rank: int, empty: bool = False) -> Graph:
@@ -105,3 +108,46 @@ def test_an_empty_slice_of_the_received_value_states_nothing() -> None:
     graphs = {r: _list_exchange(r, empty=True) for r in (0, 1)}
     calls = {r: graphs[r].node_map()["a2a"] for r in (0, 1)}
     assert fold(Exchange("all_to_all", (0, 1), calls, graphs), 0, [graphs[0].node_map()["none"]]) == []
+
+
+def _back_to_sequence(rank: int, moved: list[int]) -> Graph:
+    """DeepSpeed-Ulysses' exchange back from head blocks to sequence blocks, for 2 ranks: a rank's
+    attention output t [batch 2, heads 2, seq 4, dim 3] split along the sequence and exchanged
+    ([rank, seq / 2, batch, heads, dim]), the received blocks moved by `moved` and merged into the
+    hidden dim by one view ([batch, seq / 2, 2 * heads * dim])."""
+    meta = TensorMeta((2, 2, 4, 3), "float32")
+    sent = TensorMeta((2, 2, 2, 2, 3), "float32")
+    back = TensorMeta(tuple(sent.shape[d] for d in moved), "float32")
+    nodes = [
+        Node("split", "view", ("t",), {"shape": [2, 2, 2, 2, 3]}, TensorMeta((2, 2, 2, 2, 3), "float32")),
+        Node("send", "permute", ("split",), {"perm": [2, 3, 0, 1, 4]}, sent),
+        Node("a2a", "all_to_all", ("send",), {}, sent, collective=Collective("all_to_all", None, (0, 1))),
+        Node("moved", "permute", ("a2a",), {"perm": moved}, back),
+        Node("merged", "view", ("moved",), {"shape": [2, 2, 12]}, TensorMeta((2, 2, 12), "float32")),
+    ]
+    return Graph(f"rank{rank}", rank, 2, [Placeholder("t", "input", "0", meta)], nodes, ["merged"])
+
+
+def _fold_back(moved: list[int]) -> list:
+    graphs = {r: _back_to_sequence(r, moved) for r in (0, 1)}
+    nodes = graphs[1].node_map()
+    calls = {r: graphs[r].node_map()["a2a"] for r in (0, 1)}
+    return fold(Exchange("all_to_all", (0, 1), calls, graphs), 1, [nodes["moved"], nodes["merged"]])
+
+
+def test_the_exchange_back_to_sequence_blocks_is_a_view_of_the_head_blocks_permuted() -> None:
+    """Rank 1 holds sequence block 1 of every rank's heads, the ranks' heads side by side: the
+    concatenation of t_0[:, :, 2:4] and t_1[:, :, 2:4] along the heads, moved to [batch, seq, heads,
+    dim] (the view to the hidden dim is the encoder's, from the value's shape)."""
+    expected = ([Piece(0, "t", -2, 2, 4, False), Piece(1, "t", -2, 2, 4, False)], -3, (0, 2, 1, 3))
+    assert expected in _fold_back([2, 1, 0, 3, 4])
+
+
+def test_the_ranks_heads_interleaved_are_not_read_as_the_heads_side_by_side() -> None:
+    """The received blocks moved behind the heads (`permute(2, 1, 3, 0, 4)`): each hidden row
+    interleaves the ranks' heads. What that is (a concatenation along the head dim) is read, never
+    the heads side by side."""
+    readings = _fold_back([2, 1, 3, 0, 4])
+    blocks = [Piece(0, "t", -2, 2, 4, False), Piece(1, "t", -2, 2, 4, False)]
+    assert not [reading for reading in readings if reading[0] == blocks and reading[1] == -3]
+    assert (blocks, -1, (0, 2, 1, 3)) in readings

@@ -173,7 +173,7 @@ class CollectiveLowering:
             return
         self._relayouts[key] = state
         for pieces, dim, perm in fold(*state):
-            self._union_concatenation(name, state[0], pieces, dim, perm)
+            self._union_concatenation(name, node.meta, state[0], pieces, dim, perm)
 
     def _order(self, graph: Graph, node: Node) -> int:
         """A node's position in its graph (movement after an exchange is evaluated in this order)."""
@@ -183,8 +183,16 @@ class CollectiveLowering:
         return positions[node.id]
 
     def _union_concatenation(
-        self, name: str, exchange: Exchange, pieces: list[Piece], dim: int, perm: tuple[int, ...] | None = None
+        self,
+        name: str,
+        value_meta: TensorMeta,
+        exchange: Exchange,
+        pieces: list[Piece],
+        dim: int,
+        perm: tuple[int, ...] | None = None,
     ) -> None:
+        """`name` (of `value_meta`'s shape) is the concatenation of `pieces` along `dim`, permuted by
+        `perm`, viewed as that shape when it differs (relayout.fold's readings)."""
         terms, metas = [], []
         for piece in pieces:
             source_graph = exchange.graphs[piece.rank]
@@ -207,11 +215,15 @@ class CollectiveLowering:
             terms.append(self._moved_block(source, piece.dim, piece.start, piece.end, block))
             metas.append(block)
         concatenation = self._inline_cat(terms, metas, dim)
+        shape = list(metas[0].shape)
+        shape[len(shape) + dim] = sum(m.shape[len(shape) + dim] for m in metas)
         if perm is not None:  # the value is the concatenation permuted (relayout.fold)
-            shape = list(metas[0].shape)
-            shape[len(shape) + dim] = sum(m.shape[len(shape) + dim] for m in metas)
             whole = self.let(self._fresh("a2acat"), concatenation, TensorMeta(tuple(shape), metas[0].dtype))
             concatenation = self.permutations.permute(whole, list(perm))
+            shape = [shape[d] for d in perm]
+        if tuple(shape) != tuple(value_meta.shape):  # and viewed: dims merged after the move (relayout)
+            moved = self.let(self._fresh("a2amoved"), concatenation, TensorMeta(tuple(shape), metas[0].dtype))
+            concatenation = self._view(moved, tuple(shape), value_meta)
         self.commands.append(f"(union {name} {concatenation})")
 
     def _moved_block(self, source: str, dim: int, start: int, end: int, meta: TensorMeta) -> str:

@@ -10,6 +10,11 @@ result is a concatenation, in rank order along one dim, of one block of every ra
 (along one dim of the source), that concatenation is the value: a fact found by computing it,
 so it holds exactly.
 
+After the exchange the blocks may also be merged by a view: DeepSpeed-Ulysses' exchange back from
+head blocks to sequence blocks moves each rank's heads next to the others' and merges heads and
+head dim into the hidden dim. The value is then a view of a permuted concatenation, whose shape
+and permutation are read off the tagged positions (`_merged_readings`) and checked the same way.
+
 The movement on either side may be a small graph rather than a chain: `dist.all_to_all` with lists
 of tensors is captured as the pieces flattened and concatenated into one buffer, and the
 received buffer sliced, viewed back and concatenated again (DeepSpeed-Ulysses' exchange between
@@ -218,6 +223,60 @@ def _fold_from_uncached(exchange, receiver, after, sources, level, torch):  # ty
             readings = _readings(result.permute(*inverse), perm, group, sources, shapes, base, torch)
             if readings:
                 break
+    if not readings:
+        readings = _merged_readings(result, group, sources, shapes, base, torch)
+    return readings
+
+
+def _merged_readings(result, group, sources, shapes, base, torch):  # type: ignore[no-untyped-def]
+    """Readings of `result` as a view of a permuted concatenation of the sources' blocks: the
+    exchange back from head blocks to sequence blocks (Ulysses) moves each rank's heads next to
+    the others' and merges heads and head dim into the hidden dim with one view. The concatenation's
+    shape and the permutation are read off the tagged positions (each member's block is the box
+    its positions span; a dim's stride in `result` is where the position one step along it lands),
+    then `_readings` checks the candidate exactly, so a wrong guess only finds no reading."""
+    shape = shapes[group[0]]
+    k = len(shape)
+    if k == 0 or any(tuple(shapes[r]) != tuple(shape) for r in group) or result.numel() > _MAX_ELEMENTS:
+        return []
+    flat = result.reshape(-1)
+    owner = flat // base
+    coords = torch.stack(torch.unravel_index(flat % base, tuple(shape)), dim=1)
+    starts, size = [], None
+    for index in range(len(group)):
+        mine = coords[owner == index]
+        if mine.shape[0] == 0:
+            return []
+        low, high = mine.min(dim=0).values, mine.max(dim=0).values
+        box = (high - low + 1).tolist()
+        if math.prod(box) != mine.shape[0] or (size is not None and box != size):
+            return []  # not one block per member, or blocks of other shapes
+        starts.append(low)
+        size = box
+    assert size is not None
+    local = coords - torch.stack(starts)[owner]
+    readings = []
+    for along in range(k):
+        whole = list(size)
+        whole[along] *= len(group)
+        position = local.clone()
+        position[:, along] += owner * size[along]
+        index = sum(position[:, d] * math.prod(whole[d + 1 :]) for d in range(k))
+        if not bool((torch.bincount(index, minlength=flat.numel()) == 1).all()):
+            return []  # some position twice: not a movement of one concatenation
+        where = torch.empty_like(index)
+        where[index] = torch.arange(flat.numel())
+        if int(where[0]) != 0:
+            continue
+        strides = {d: int(where[math.prod(whole[d + 1 :])]) for d in range(k) if whole[d] > 1}
+        moved = sorted(strides, key=lambda d: -strides[d])
+        perm = [d for d in range(k) if d not in strides]  # unit dims first: where they go does not matter
+        perm += moved
+        permuted = [whole[d] for d in perm]
+        inverse = [perm.index(d) for d in range(k)]
+        candidate = result.reshape(permuted).permute(*inverse)
+        found = _readings(candidate, None if perm == sorted(perm) else tuple(perm), group, sources, shapes, base, torch)
+        readings.extend(r for r in found if r not in readings)
     return readings
 
 

@@ -63,6 +63,50 @@ class UlyssesAttention(nn.Module):
         return _gathered_sequence(out, self.world_size, dim=1)
 
 
+class SequenceFirstUlyssesAttention(nn.Module):
+    """DeepSpeed-Ulysses in its own layout, [seq, batch, heads, dim]: one exchange function for
+    both directions, given the dim it scatters and the dim it gathers. Scattering heads, the rows
+    of sequence and batch are merged into one dim before the exchange; scattering the sequence, the
+    received blocks are moved behind the batch and merged into the heads dim by the final view."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = ref.q_proj, ref.k_proj, ref.v_proj, ref.o_proj
+        self.rank, self.world_size = rank, world_size
+
+    def _exchange(self, t: torch.Tensor, scatter: int, gather: int) -> torch.Tensor:
+        p = self.world_size
+        local = list(t.shape)
+        local[scatter] //= p
+        if scatter < 2:  # the sequence: its blocks lead already
+            send = t.reshape([p, local[scatter], *local[scatter + 1 :]]).contiguous()
+        else:  # the heads: blocks of heads moved to the front
+            send = t.reshape([-1, p, local[scatter], *local[scatter + 1 :]]).transpose(0, 1).contiguous()
+        received = torch.empty_like(send)
+        dist.all_to_all_single(received, send)
+        if scatter < 2:  # [source rank, seq / p, batch, heads / p, dim] -> the source's heads behind the batch
+            received = received.permute(1, 2, 0, 3, 4).contiguous()
+        merged = [*local[:gather], local[gather] * p, *local[gather + 1 :]]
+        return received.reshape(merged).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        rows = s // self.world_size
+        mine = x[:, self.rank * rows : (self.rank + 1) * rows]
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # [s/p, b, H, d] -> [b, H/p, s, d]
+            local = t.view(b, rows, HEADS, HEAD_DIM).transpose(0, 1)
+            return self._exchange(local, scatter=2, gather=0).permute(1, 2, 0, 3)
+
+        q, k, v = heads(self.q_proj(mine)), heads(self.k_proj(mine)), heads(self.v_proj(mine))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        context = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1) @ v
+        local = self._exchange(context.permute(2, 0, 1, 3), scatter=0, gather=2)  # [s/p, b, H, d]
+        out = self.o_proj(local.transpose(0, 1).reshape(b, rows, HEADS * HEAD_DIM))
+        return _gathered_sequence(out, self.world_size, dim=1)
+
+
 class ContextParallelAttention(nn.Module):
     """Each rank projects its block of the sequence, gathers every rank's keys and values, and
     masks its queries by their global positions (its block's offset added to the row index)."""
@@ -94,6 +138,10 @@ class ContextParallelAttention(nn.Module):
 
 def ulysses_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return UlyssesAttention(ref, rank, world_size)
+
+
+def sequence_first_ulysses_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return SequenceFirstUlyssesAttention(ref, rank, world_size)
 
 
 def context_parallel_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
