@@ -151,3 +151,20 @@ def test_the_ranks_heads_interleaved_are_not_read_as_the_heads_side_by_side() ->
     blocks = [Piece(0, "t", -2, 2, 4, False), Piece(1, "t", -2, 2, 4, False)]
     assert not [reading for reading in readings if reading[0] == blocks and reading[1] == -3]
     assert (blocks, -1, (0, 2, 1, 3)) in readings
+
+
+def test_one_members_block_picked_from_the_received_value_is_that_members_block() -> None:
+    """The dispatch's received blocks viewed as [ranks, experts / 2, groups, 3] and the block from
+    rank 0 selected (`[0]`, captured as a slice and a view): what rank 0 sent, experts 2..3 of its z."""
+    graphs = {r: _rank(r, 4, 2, True) for r in (0, 1)}
+    for graph in graphs.values():
+        del graph.nodes[1:]
+        graph.nodes += [
+            Node("split", "view", ("a2a",), {"shape": [2, 2, 2, 3]}, TensorMeta((2, 2, 2, 3), "float32")),
+            Node("first", "slice", ("split",), {"dim": -4, "start": 0, "end": 1}, TensorMeta((1, 2, 2, 3), "float32")),
+            Node("picked", "view", ("first",), {"shape": [2, 2, 3]}, TensorMeta((2, 2, 3), "float32")),
+        ]
+        graph.outputs = ["picked"]
+    calls = {r: graphs[r].nodes[0] for r in (0, 1)}
+    readings = fold(Exchange("all_to_all", (0, 1), calls, graphs), 1, graphs[1].nodes[1:])
+    assert readings == [([Piece(0, "z", -3, 2, 4, False)], -3, None)]

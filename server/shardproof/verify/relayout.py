@@ -6,9 +6,10 @@ gather along dim d may be written as movedim(d, 0), all_gather, movedim(0, d). L
 call, the result is a view of a permute of a view of a concatenation of slices, which no
 selection rule follows. But the whole chain is data movement over tensors of known shapes, so it
 can be evaluated on index tensors: which element of which rank's source lands where. When the
-result is a concatenation, in rank order along one dim, of one block of every rank's source
-(along one dim of the source), that concatenation is the value: a fact found by computing it,
-so it holds exactly.
+result is a concatenation along one dim of one block (along one dim of the source) of each of
+some ranks' sources, that concatenation is the value: a fact found by computing it, so it holds
+exactly. (Every rank's block in rank order is the usual one; one rank's block alone is what a
+rank picks out of the received value by its index, `received.view(ranks, ...)[rank]`.)
 
 After the exchange the blocks may also be merged by a view: DeepSpeed-Ulysses' exchange back from
 head blocks to sequence blocks moves each rank's heads next to the others' and merges heads and
@@ -294,6 +295,8 @@ def _readings(result, perm, group, sources, shapes, base, torch):  # type: ignor
         pieces = _pieces_along(result, owners, dim, group, values, shapes, base, torch)
         if pieces is not None:
             readings.append((pieces, dim - result.dim(), perm))
+            if len(pieces) == 1:
+                break  # one member's block: the same along every dim
     return readings
 
 
@@ -331,8 +334,8 @@ def _pieces_along(result, owners, dim, group, sources, shapes, base, torch):  # 
             runs[-1] = (owner, runs[-1][1], position + 1)
         else:
             runs.append((owner, position, position + 1))
-    if [owner for owner, _, _ in runs] != list(range(len(group))):
-        return None
+    if len({owner for owner, _, _ in runs}) != len(runs):
+        return None  # a member's positions in two places: not one block of each
     pieces = []
     for owner, start, end in runs:
         rank = group[owner]
