@@ -77,6 +77,10 @@ MUTANTS = [
     ("binary-of-slice-and-broadcast", " (< k (- 0 d))", ""),  # an operand that has dim d (not broadcast)
     ("linear-of-leading-slice", "(< d -1)", "(< d 0)"),  # a slice of the features is not one of the outputs
     ("slice-of-concat-across", "(Slice b d 0 (- e na))", "(Slice b d 0 (- e s))"),  # the second part too long
+    ("linear-of-permute", " (>= k 1)", ""),  # a permutation that moves the features
+    ("softmax-of-permute", " (<= (- 0 d) k)", ""),  # a softmax along a dim the permutation moves
+    ("reduction-of-permute", " (<= (- 0 d) k)", ""),
+    ("binary-of-permute-and-trailing-operand-left", " (<= m k)", ""),  # b read along a moved dim
 ]
 
 

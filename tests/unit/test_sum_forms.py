@@ -122,6 +122,33 @@ def test_an_all_reduce_of_chains_viewed_alike_is_that_view_of_all_their_terms() 
     assert torch.allclose(p.values["$v0"] + p.values["$v1"], terms.view(3, 2))
 
 
+def test_a_reduce_scatter_of_chains_transposed_alike_is_that_transpose_of_all_their_terms() -> None:
+    # Megatron-core's all-gather token dispatcher, batch first: each rank sums its own experts'
+    # outputs and moves the sequence to dim 0 for the reduce-scatter; the sum of the permutes is
+    # the permute of the sum (the reduce-scatter's slice is taken of that)
+    p = Program()
+    chains = [
+        p.add(f"$r{r}b", p.add(f"$r{r}a", p.zeros(f"$z{r}"), p.leaf(f"$t{r}0")), p.leaf(f"$t{r}1")) for r in (0, 1)
+    ]
+    moved = [f"$p{r}" for r in (0, 1)]
+    for value, chain in zip(moved, chains, strict=True):
+        p.values[value] = p.values[chain].permute(1, 0)
+        p.forms.note_permute(value, chain, "1,0", _meta())
+    total = f"(SumN (multiset-of {' '.join(moved)}))"
+    (fact,) = p.forms.total_facts(total, moved)
+    assert fact == f'(union {total} (Permute (SumN (multiset-of $t00 $t01 $t10 $t11)) "1,0"))'
+    terms = sum(p.values[t] for t in ("$t00", "$t01", "$t10", "$t11"))
+    assert torch.allclose(p.values["$p0"] + p.values["$p1"], terms.permute(1, 0))
+
+
+def test_a_view_and_a_permute_are_not_taken_for_one_movement() -> None:
+    p = Program()
+    chains = [p.add(f"$c{r}", p.add(f"$d{r}", p.zeros(f"$z{r}"), p.leaf(f"$a{r}")), p.leaf(f"$b{r}")) for r in (0, 1)]
+    p.forms.note_permute("$m0", chains[0], "1,0", _meta())
+    p.forms.note_view("$m1", chains[1], "1,0", _meta())
+    assert p.forms.total_facts("$total", ["$m0", "$m1"]) == []
+
+
 def test_views_of_other_shapes_or_of_plain_values_are_not_opened() -> None:
     p = Program()
     chain = p.add("$c1", p.add("$c0", p.zeros("$z"), p.leaf("$a")), p.leaf("$b"))

@@ -380,6 +380,8 @@ class Encoder(FactoredTerms, CollectiveLowering):
             self.let(name, f"(Permute {ins[0]} {_q(_shape_text(a['perm']))})", meta)
             self._permutation_facts(list(a["perm"]))
             self.permutations.note_permute(self.same_as(name), ins[0], list(a["perm"]))
+            if own_inputs and not self.factor_out and ins[0] in self.meta_of:
+                self.sums.note_permute(self.same_as(name), ins[0], _shape_text(a["perm"]), self.meta_of[ins[0]])
         elif op == "expand":
             self.let(name, f"(Expand {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             self.commands.extend(expand_facts(name, self.meta_of[ins[0]].shape, meta.shape))

@@ -73,3 +73,85 @@ for _side, _rank_op, _rank_sel_op, _reference_op in (
         f"(rule ((= y {_rank_sel_op}) (sel PX x d R) (= PX (Permute X p)) (ptail p k) (= m (nd b)) (<= m k) "
         f"(= Z {_reference_op})) ((union {_rank_op} (Permute Z p))))",
     )
+
+# A rank may compute on a permuted layout throughout: Megatron's sequence-first [seq, batch, hidden]
+# against a batch-first reference, with one transpose on the way in and one on the way out. Every
+# operation that maps positions to positions (elementwise ops), or works along dims a permutation
+# leaves in place (a linear map over the last dim, a softmax or a kept-dim reduction over a trailing
+# dim), gives the same entries on the permuted value, moved: f(X.permute(p)) = f(X).permute(p). The
+# rules move the permutation outward, so the rank's value is the permutation of a term of the
+# unpermuted value, which the reference's terms and the other rules relate; the transpose back
+# then meets `permute-of-inverse`. Each rule makes one term of an operand without its permutation,
+# so a chain of n operations on a permuted value makes n terms (nothing moves a permutation inward
+# through these ops again, apart from scalings, which already do and meet the same terms).
+_rule(
+    "unary-of-permute",
+    "layout",
+    "f(x.permute(p)) = f(x).permute(p) for elementwise f",
+    "(rewrite (Un f (Permute x p)) (Permute (Un f x) p))",
+)
+for _term, _kind in (("Sc", "float"), ("ScI", "integer")):
+    _rule(
+        f"scalar-of-permute-{_kind}",
+        "layout",
+        f"f(x.permute(p), c) = f(x, c).permute(p) for an elementwise op with a constant ({_kind})",
+        f"(rewrite ({_term} f (Permute x p) c) (Permute ({_term} f x c) p))",
+    )
+_rule(
+    "binary-of-permutes",
+    "layout",
+    "f(x.permute(p), z.permute(p)) = f(x, z).permute(p) for elementwise f: both operands have p's dims, and "
+    "broadcasting pairs dims one by one, which p moves alike",
+    "(rewrite (Bin f (Permute x p) (Permute z p)) (Permute (Bin f x z) p))",
+)
+for _side, _rank_op, _moved in (
+    ("right", "(Bin f PX b)", "(Bin f X b)"),
+    ("left", "(Bin f b PX)", "(Bin f b X)"),
+):
+    _rule(
+        f"binary-of-permute-and-trailing-operand-{_side}",
+        "layout",
+        f"an elementwise op of x.permute(p) and an operand on the {_side} with no more dims than p leaves in "
+        "place (a bias along the hidden dim) is the op of x and that operand, permuted",
+        f"(rule ((= y {_rank_op}) (= PX (Permute X p)) (ptail p k) (= m (nd b)) (<= m k)) "
+        f"((union y (Permute {_moved} p))))",
+    )
+_rule(
+    "linear-of-permute",
+    "layout",
+    "x.permute(p) @ W^T = (x @ W^T).permute(p) when p leaves the last dim (the features) in place",
+    "(rule ((= y (Linear PX w)) (= PX (Permute x p)) (ptail p k) (>= k 1)) ((union y (Permute (Linear x w) p))))",
+)
+_rule(
+    "softmax-of-permute",
+    "layout",
+    "softmax(x.permute(p), d) = softmax(x, d).permute(p) when p leaves dim d (and the dims after it) in place",
+    "(rule ((= y (Softmax PX d)) (= PX (Permute x p)) (ptail p k) (<= (- 0 d) k)) "
+    "((union y (Permute (Softmax x d) p))))",
+)
+_rule(
+    "reduction-of-permute",
+    "layout",
+    "a reduction along trailing dim d, keeping it, of x.permute(p) is that of x, permuted, when p leaves dim d "
+    "(and the dims after it) in place",
+    "(rule ((= y (Red f PX d 1)) (= PX (Permute x p)) (ptail p k) (<= (- 0 d) k)) "
+    "((union y (Permute (Red f x d 1) p))))",
+)
+# A slice or a concatenation of permuted values is the permutation of the slice or concatenation
+# along the dim the permutation brings there: a rank that transposed its input and then takes its
+# block of the sequence (or gathers the blocks along it) holds a permutation of the reference's
+# block, which the rules above carry through the block's operations.
+_rule(
+    "slice-of-permute",
+    "layout",
+    "x.permute(p)[a:b] along output dim do = x[a:b] along input dim di, permuted, where p brings di to do",
+    "(rule ((= y (Slice PX do a b)) (= PX (Permute x p)) (pmap p di do)) ((union y (Permute (Slice x di a b) p))))",
+)
+_rule(
+    "concat-of-permutes",
+    "layout",
+    "cat(a.permute(p), b.permute(p)) along output dim do = cat(a, b) along input dim di, permuted, where p "
+    "brings di to do",
+    "(rule ((= y (Cat PA PB do)) (= PA (Permute a p)) (= PB (Permute b p)) (pmap p di do)) "
+    "((union y (Permute (Cat a b di) p))))",
+)

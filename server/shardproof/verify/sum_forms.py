@@ -5,14 +5,16 @@ it is grouped or ordered, and a tensor of zeros adds nothing. The reference may 
 expert outputs one by one from `zeros_like(x)` while each rank accumulates only its own experts
 and an all-reduce adds the ranks' sums: equal as sums of the same terms, never as the same tree.
 
-AC rules in the e-graph would build every grouping of every subset (2^n classes for n terms), so
-the sum is written once, as one n-ary node over the multiset of its terms (`SumN`, the node an
+AC rules in the e-graph would build every grouping of every subset (2^n classes for n terms), so the
+sum is written once, as one n-ary node over the multiset of its terms (`SumN`, the node an
 all-reduce is lowered to): each maximal chain of a program (an addition no further same-shape
 addition consumes) is unioned with the `SumN` of its terms, and an all-reduce's result with the
-`SumN` of all the terms of its inputs. Multiset equality is AC; the e-graph's congruence does the
-rest. The terms are read off the graph as written (syntactically), so each stated equality holds
-by the laws of addition alone: only additions whose operands have the result's shape and dtype
-are opened (no broadcasting, no type promotion), and only constants made as zeros are dropped.
+`SumN` of all the terms of its inputs (or with one view or permute of that `SumN`, when every input
+is the same view or permute of a chain: both are linear, so they move out of a sum). Multiset
+equality is AC; the e-graph's congruence does the rest. The terms are read off the graph as written
+(syntactically), so each stated equality holds by the laws of addition alone: only additions whose
+operands have the result's shape and dtype are opened (no broadcasting, no type promotion), and only
+constants made as zeros are dropped.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ class SumForms:
     terms: dict[str, tuple[str, ...]] = field(default_factory=dict)  # an opened addition -> its terms
     _inner: set[str] = field(default_factory=set)  # opened additions that another one opens
     _plain: set[str] = field(default_factory=set)  # opened additions whose terms are their operands
-    # a view -> (its source, its shape text, the source's shape and dtype)
-    views: dict[str, tuple[str, str, tuple[int, ...], str]] = field(default_factory=dict)
+    # a view or a permute -> (its source, the op, its shape or permutation text, the source's shape
+    # and dtype)
+    moves: dict[str, tuple[str, str, str, tuple[int, ...], str]] = field(default_factory=dict)
 
     def add_zero(self, term: str) -> None:
         self.zeros.add(term)
@@ -46,7 +49,11 @@ class SumForms:
 
     def note_view(self, term: str, source: str, shape: str, source_meta: TensorMeta) -> None:
         """Record `term = source.view(shape)`: a view of sums is the sum of the views."""
-        self.views[term] = (source, shape, tuple(source_meta.shape), source_meta.dtype)
+        self.moves[term] = (source, "View", shape, tuple(source_meta.shape), source_meta.dtype)
+
+    def note_permute(self, term: str, source: str, perm: str, source_meta: TensorMeta) -> None:
+        """Record `term = source.permute(perm)`: a permute of sums is the sum of the permutes."""
+        self.moves[term] = (source, "Permute", perm, tuple(source_meta.shape), source_meta.dtype)
 
     def terms_of(self, value: str) -> tuple[str, ...]:
         """The terms a value adds up (itself unless it is an opened addition; none for zeros)."""
@@ -71,15 +78,17 @@ class SumForms:
         """An all-reduce's `total` of `inputs` equals the sum of all their terms (nothing when no
         input is an opened addition or a zero: then the terms are the inputs)."""
         parts = tuple(t for value in inputs for t in self.terms_of(value))
-        viewed = [self.views.get(value) for value in inputs]
-        if parts == tuple(inputs) and all(viewed) and len({v[1:] for v in viewed if v}) == 1:
-            # every input is the same view of a value of one shape (a chain viewed back to the
-            # activation's shape before its all-reduce): the total is that view of all their terms
-            sources = [v[0] for v in viewed if v]
+        moved = [self.moves.get(value) for value in inputs]
+        if parts == tuple(inputs) and all(moved) and len({v[1:] for v in moved if v}) == 1:
+            # every input is the same view or permute of a value of one shape (a chain viewed back
+            # to the activation's shape, or transposed to put the scattered dim first, before its
+            # all-reduce or reduce-scatter): the total is that movement of all their terms
+            sources = [v[0] for v in moved if v]
             inner = tuple(t for source in sources for t in self.terms_of(source))
             if inner != tuple(sources) and inner:
                 sum_term = inner[0] if len(inner) == 1 else f"(SumN (multiset-of {' '.join(inner)}))"
-                return [f'(union {total} (View {sum_term} "{viewed[0][1]}"))']
+                _, op, text, _, _ = moved[0]  # type: ignore[misc]
+                return [f'(union {total} ({op} {sum_term} "{text}"))']
         return [] if parts == tuple(inputs) else _equal(total, parts)
 
 

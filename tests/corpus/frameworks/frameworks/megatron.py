@@ -175,6 +175,19 @@ def sequence_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return SequenceParallelBlock(ref, rank, world_size)
 
 
+class BatchFirstSequenceParallelBlock(SequenceParallelBlock):
+    """The sequence-parallel block in its own [s, b, h] layout inside a batch-first model (a
+    Megatron layer dropped into a Hugging Face-style model): the activations are transposed on the
+    way in and back on the way out, so the rank computes every value on the permuted layout."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.transpose(0, 1).contiguous()).transpose(0, 1)
+
+
+def batch_first_sequence_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return BatchFirstSequenceParallelBlock(ref, rank, world_size)
+
+
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-token loss of vocabulary-sharded logits: the max all-reduced with MAX, the target's
     logit picked by a masked local index into the flattened logits (zero off its rank) and

@@ -1,8 +1,9 @@
 """Further patterns: a fused [q; k; v] weight sharded per section into a new module (Hugging Face /
 DeepSpeed AutoTP's fused-QKV handling), a ceil-division column split with a shorter last rank
 (vLLM / Megatron's `divide` rounding up), expert parallelism with whole experts per rank
-(DeepSpeed-MoE / Megatron's expert-parallel MLP without all-to-all), and fairscale's
-ParallelEmbedding (the table split along the hidden dimension). Our own small equivalents."""
+(DeepSpeed-MoE / Megatron's expert-parallel MLP without all-to-all) and with Megatron-core's
+all-gather token dispatcher under sequence parallelism, and fairscale's ParallelEmbedding (the
+table split along the hidden dimension). Our own small equivalents."""
 
 from __future__ import annotations
 
@@ -88,6 +89,41 @@ class ExpertParallelMoE(nn.Module):
 
 def expert_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ExpertParallelMoE(ref, rank, world_size)
+
+
+def _gathered(y: torch.Tensor, world_size: int, dim: int) -> torch.Tensor:
+    pieces = [torch.empty_like(y) for _ in range(world_size)]
+    dist.all_gather(pieces, y.contiguous())
+    return torch.cat(pieces, dim=dim)
+
+
+class AllGatherDispatchMoE(ExpertParallelMoE):
+    """Megatron-core's all-gather token dispatcher with sequence parallelism, batch first: each rank
+    holds a block of the sequence, all-gathers every rank's tokens, routes them all and runs its own
+    experts on them; the partial sums go back to sequence blocks with a reduce-scatter, which
+    splits dim 0, so the sequence is moved to the front for it and back after."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__(ref, rank, world_size)
+        self.rank, self.world_size = rank, world_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        rows = seq // self.world_size
+        mine = x[:, self.rank * rows : (self.rank + 1) * rows]
+        tokens = _gathered(mine, self.world_size, dim=1)
+        weights, chosen = self.route(tokens)
+        partial = torch.zeros_like(tokens)
+        for offset, expert in enumerate(self.experts):
+            gate = (weights * (chosen == self.first + offset)).sum(-1, keepdim=True)
+            partial = partial + gate * expert(tokens)
+        out = torch.empty(rows, batch, hidden)
+        dist.reduce_scatter_tensor(out, partial.transpose(0, 1).contiguous())
+        return _gathered(out.transpose(0, 1), self.world_size, dim=1)
+
+
+def all_gather_dispatch_moe(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return AllGatherDispatchMoE(ref, rank, world_size)
 
 
 class HiddenShardedEmbedding(nn.Module):
