@@ -81,6 +81,8 @@ MUTANTS = [
     ("softmax-of-permute", " (<= (- 0 d) k)", ""),  # a softmax along a dim the permutation moves
     ("reduction-of-permute", " (<= (- 0 d) k)", ""),
     ("binary-of-permute-and-trailing-operand-left", " (<= m k)", ""),  # b read along a moved dim
+    ("term-cover-in-sum-extend", "(psum Z p e f K)", "(psum Z p 0 f K)"),  # a contribution counted twice
+    ("sum-of-term-cover", "(subcover S Z rest K K)", "(subcover S Z rest e K)"),  # a cover not yet whole
 ]
 
 

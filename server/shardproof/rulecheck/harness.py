@@ -53,7 +53,8 @@ PERMUTATION_RELATIONS = {"pmap", "ptail"}
 COMPOSITION_RELATIONS = {"pcompose", "pinverse"}
 FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "vsqueeze", "emap", "ebk", "ebsrc"} | PERMUTATION_RELATIONS
 FRONT_END_RELATIONS |= COMPOSITION_RELATIONS
-_STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS | {"multiset-of", "multiset-insert"}
+_STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS
+_STRUCTURAL_HEADS |= {"multiset-of", "multiset-insert", "multiset-remove"}
 # Casts of every dtype the capture can produce: the encoder declares the ones it sees.
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
@@ -332,6 +333,9 @@ class Instance:
             return (name, self.evaluate(form[1])) in self.facts
         if name in FRONT_END_RELATIONS:
             return self._front_end(name, form[1:])
+        if name == "multiset-contains":
+            members, member = self.evaluate(form[1]), self.evaluate(form[2])
+            return isinstance(members, MultiSet) and any(same(m, member) for m in members)
         if name in ("arin", "a2a-piece"):  # facts about the graph (what feeds or moves), not about values
             self.evaluate(form[1])
             return True
@@ -481,6 +485,19 @@ class Instance:
                 expected, held = measure.part(0, end) + copies * term, combine("sum", members)
                 bounds = 0 < end <= size and copies in (0, 1)
             return measure.combine == "sum" and measure.size == size and bounds and same(held, expected)
+        if name == "subcover":
+            # (subcover S Z rest e K): S is the sum of `rest` plus Z's contribution [0, e)
+            whole, total, rest, end, size = args
+            measure = self.gen.measures.get(id(total))
+            if measure is None:
+                raise RecipeError("a subcover needs its Z made by gen.total(measure)")
+            return (
+                isinstance(rest, MultiSet)
+                and measure.combine == "sum"
+                and measure.size == size
+                and 0 < end <= size
+                and same(whole, combine("sum", rest) + measure.part(0, end) if rest else measure.part(0, end))
+            )
         if name in ("cover", "maxcover"):
             total, members, end, size = args
             measure = self.gen.measures.get(id(total))

@@ -372,6 +372,13 @@ class Evaluator:
             return MultiSet(args)
         if name == "multiset-insert":
             return MultiSet([*args[0], args[1]])
+        if name == "multiset-remove":  # one occurrence
+            members, gone = list(args[0]), args[1]
+            position = next((i for i, m in enumerate(members) if same(m, gone)), None)
+            if position is None:
+                raise Undefined("multiset-remove: not a member")
+            del members[position]
+            return MultiSet(members)
         if name in TENSOR_CONSTRUCTORS:
             try:
                 value = TENSOR_CONSTRUCTORS[name](*args)

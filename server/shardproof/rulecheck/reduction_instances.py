@@ -324,6 +324,38 @@ def _cover_recipes(kind: str, start: str, extend: str, whole: str) -> None:
 _cover_recipes("sum", "reduction-cover-start", "reduction-cover-extend", "all-reduce-of-tiling")
 
 
+def _others(g: Gen, like: Any) -> list[Any]:
+    """The other terms of a sum (an expert's output beside a shared expert's partial sums)."""
+    return [g.tensor(*like.shape) for _ in range(g.int(1, 2))]
+
+
+@instance("term-cover-in-sum-start")
+def _(g: Gen) -> dict[str, Any]:
+    Z, parts, tiles, size = _tiling(g, "sum")
+    members = [parts[0], *_others(g, Z)]
+    g.random.shuffle(members)
+    return {"ms": MultiSet(members), "Z": Z, "p": parts[0], "e": tiles[0][1], "K": size}
+
+
+@instance("term-cover-in-sum-extend")
+def _(g: Gen) -> dict[str, Any] | None:
+    if g.rank == 0:  # the first tile starts a collection; it does not extend one
+        return None
+    Z, parts, tiles, size = _tiling(g, "sum")
+    s, e = tiles[g.rank]
+    rest = [*parts[g.rank :], *_others(g, Z)]
+    g.random.shuffle(rest)
+    S = sum(parts[: g.rank], sum(rest[1:], rest[0]))
+    return {"S": S, "Z": Z, "rest": MultiSet(rest), "e": s, "p": parts[g.rank], "f": e, "K": size}
+
+
+@instance("sum-of-term-cover")
+def _(g: Gen) -> dict[str, Any]:
+    Z, _parts, _tiles, size = _tiling(g, "sum")
+    rest = _others(g, Z)
+    return {"S": sum(rest, Z), "Z": Z, "rest": MultiSet(rest), "K": size}
+
+
 def _term_tiling(g: Gen) -> dict[str, Any]:
     """A reduction A tiled over the ranks, a term b, and the rank that carries it."""
     A, parts, tiles, size = _tiling(g, "sum")

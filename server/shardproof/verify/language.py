@@ -18,6 +18,8 @@ Relations (Datalog facts, all existence-guarded by the rules that derive them):
                           rank's partial sum)
   (coverb Y A ms e K n)  the sum of the multiset ms is the contribution of [0, e) of K to A plus n
                           copies of Y - A: all-reduce inputs tiling [0, e), n of them carrying the term
+  (subcover S Z rest e K) S is the sum of the multiset rest plus the contribution of [0, e) of K to
+                          Z: a sum's terms holding Z's contributions, collected out of it
   (psumi X x R K)         x is the contribution of the indices the range list R names (several ranges:
                           every k-th row of a round-robin shard) to X (index_sets.py)
   (pmax X x s e K)       x is the max over reduced indices [s, e) of K of what X is the max of:
@@ -118,6 +120,7 @@ DECLARATIONS = r"""
 (relation arin (T))
 (relation a2a-piece (T))
 (relation cover (T TSet i64 i64))
+(relation subcover (T T TSet i64 i64))
 (relation pplus (T T T i64 i64 i64))
 (relation coverb (T T TSet i64 i64 i64))
 (relation maxcover (T TSet i64 i64))

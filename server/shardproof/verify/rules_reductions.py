@@ -319,6 +319,31 @@ _rule(
     "(rule ((cover Z ms K K) (= S (SumN ms))) ((union Z S)))",
 )
 
+# The contributions may be terms of a longer sum: a rank adds its row-parallel partial sum (a shared
+# expert's output, scaled by a replicated gate) to its own experts' outputs, and one all-reduce adds
+# everything (sum_forms.py writes the all-reduce as the sum of all the ranks' terms). Where a sum's
+# terms hold contributions tiling [0, K) of one value, they are that value: the sum is the value
+# plus the other terms. Only terms of a sum the programs wrote are collected, one occurrence each.
+_rule(
+    "term-cover-in-sum-start",
+    "partial",
+    "a sum's term that is the contribution [0, e) of Z starts collecting Z out of the sum",
+    "(rule ((= S (SumN ms)) (psum Z p 0 e K) (multiset-contains ms p)) ((subcover S Z (multiset-remove ms p) e K)))",
+)
+_rule(
+    "term-cover-in-sum-extend",
+    "partial",
+    "the next contribution [e, f) of Z among the sum's remaining terms extends the collection",
+    "(rule ((subcover S Z rest e K) (psum Z p e f K) (multiset-contains rest p)) "
+    "((subcover S Z (multiset-remove rest p) f K)))",
+)
+_rule(
+    "sum-of-term-cover",
+    "partial",
+    "a sum whose terms hold contributions tiling [0, K) of Z is Z plus its other terms",
+    "(rule ((subcover S Z rest K K)) ((union S (SumN (multiset-insert rest Z)))))",
+)
+
 # A rank may add a term to its partial sum that the reference adds to the whole value once (vLLM's
 # row-parallel bias on rank 0 only, a residual folded into one rank's partial sum): the ranks'
 # contributions still add up to the reference value when they tile the reduction and exactly one

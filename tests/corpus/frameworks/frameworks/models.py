@@ -205,6 +205,22 @@ class MoE(nn.Module):
         return out
 
 
+class SharedExpertMoE(nn.Module):
+    """Qwen2-MoE's block: the routed experts plus a shared expert (a SiLU MLP) scaled by a sigmoid
+    gate of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.moe = MoE()
+        self.shared_up = nn.Linear(HIDDEN, FFN, bias=False)
+        self.shared_down = nn.Linear(FFN, HIDDEN, bias=False)
+        self.shared_gate = nn.Linear(HIDDEN, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = self.shared_down(F.silu(self.shared_up(x)))
+        return self.moe(x) + torch.sigmoid(self.shared_gate(x)) * shared
+
+
 class RMSNorm(nn.Module):
     def __init__(self, width: int = HIDDEN) -> None:
         super().__init__()
@@ -415,6 +431,10 @@ def parallel_residual_block() -> ParallelResidualBlock:
 
 def moe() -> MoE:
     return MoE()
+
+
+def shared_expert_moe() -> SharedExpertMoE:
+    return SharedExpertMoE()
 
 
 def llama() -> Llama:

@@ -2,8 +2,9 @@
 DeepSpeed AutoTP's fused-QKV handling), a ceil-division column split with a shorter last rank
 (vLLM / Megatron's `divide` rounding up), expert parallelism with whole experts per rank
 (DeepSpeed-MoE / Megatron's expert-parallel MLP without all-to-all) and with Megatron-core's
-all-gather token dispatcher under sequence parallelism, and fairscale's ParallelEmbedding (the
-table split along the hidden dimension). Our own small equivalents."""
+all-gather token dispatcher under sequence parallelism, Qwen2-MoE's shared expert (vLLM: its
+partial sums added to the routed experts' before one all-reduce), and fairscale's
+ParallelEmbedding (the table split along the hidden dimension). Our own small equivalents."""
 
 from __future__ import annotations
 
@@ -89,6 +90,36 @@ class ExpertParallelMoE(nn.Module):
 
 def expert_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ExpertParallelMoE(ref, rank, world_size)
+
+
+class SharedExpertParallelMoE(nn.Module):
+    """vLLM's Qwen2-MoE: whole experts per rank, and the shared expert tensor-parallel (column-parallel
+    up, row-parallel down) with its output not reduced on its own: scaled by the replicated gate and
+    added to the rank's experts' sum, so one all-reduce adds both."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.routed = ExpertParallelMoE(ref.moe, rank, world_size)
+        columns = ref.shared_up.out_features // world_size
+        own = slice(rank * columns, (rank + 1) * columns)
+        self.shared_up = nn.Parameter(ref.shared_up.weight[own].detach().clone())
+        self.shared_down = nn.Parameter(ref.shared_down.weight[:, own].detach().clone())
+        self.shared_gate = ref.shared_gate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.routed.route(x)
+        out = torch.zeros_like(x)
+        for offset, expert in enumerate(self.routed.experts):
+            gate = (weights * (chosen == self.routed.first + offset)).sum(-1, keepdim=True)
+            out = out + gate * expert(x)
+        shared = F.linear(F.silu(F.linear(x, self.shared_up)), self.shared_down)  # this rank's partial sum
+        out = out + torch.sigmoid(self.shared_gate(x)) * shared
+        dist.all_reduce(out)
+        return out
+
+
+def shared_expert_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return SharedExpertParallelMoE(ref, rank, world_size)
 
 
 def _gathered(y: torch.Tensor, world_size: int, dim: int) -> torch.Tensor:
