@@ -127,6 +127,16 @@ class Context(Blame, Pictures, Plans):
                     return node
         return by_name
 
+    def departure(self, ref_node: Node, rank: int) -> Node | None:
+        """The rank's first value (in graph order) that reads a value related to an input of
+        `ref_node` and has no relation of its own: where its computation stops following the
+        reference's, when no node plays `ref_node`'s part (`aligned`)."""
+        related = {v for value in ref_node.inputs for _, vals in self.index.relations(value, rank) for v in vals}
+        for node in self.ev.ranks[rank].nodes:
+            if any(v in related for v in node.inputs) and not self.is_related(rank, node.id):
+                return node
+        return None
+
     def downstream_all_reduce(
         self, rank: int, value: str, depth: int = 8, kinds: tuple[str, ...] = ("all_reduce",)
     ) -> Node | None:

@@ -132,13 +132,23 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
     # The earliest broken value, on the first rank where a detector can name a location; ranks
     # that skip the computation entirely (a full slice is no node at all) have nothing to show.
     fallback: Discrepancy | Unsupported | None = None
+    first: tuple[Node, int] | None = None
     for _, rank, node_id in sorted(broken):
         ranks = sorted({r for _, r, n in broken if n == node_id})
         found = _diagnose(ctx, ctx.ref_nodes[node_id], rank, ranks)
         if isinstance(found, Unsupported) or (found.primary is not None):
             return found
         fallback = fallback or found
-    assert fallback is not None
+        first = first or (ctx.ref_nodes[node_id], rank)
+    assert fallback is not None and first is not None
+    if isinstance(fallback, Discrepancy):
+        # no detector names a line: the first of the rank's values that reads what is related to
+        # the broken value's inputs and is not related itself is where its computation departs
+        # from the reference's (an exchange, a regrouping)
+        departure = ctx.departure(*first)
+        if departure is not None:
+            fallback.primary = ctx.rank_site(departure, "the rank's computation departs from the reference's here")
+            fallback.parallel_nodes = fallback.parallel_nodes or [f"rank{first[1]}/{departure.id}"]
     return fallback
 
 

@@ -221,6 +221,35 @@ class SharedExpertMoE(nn.Module):
         return self.moe(x) + torch.sigmoid(self.shared_gate(x)) * shared
 
 
+CAPACITY = 8  # slots per expert: every token fits (no drops), so the routing is per token
+
+
+class CapacityMoE(nn.Module):
+    """GShard / DeepSpeed-MoE top-1 routing with a fixed capacity per expert, dispatch and combine as
+    dense one-hot tensors (static shapes), the experts as batched weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(HIDDEN, EXPERTS, bias=False)
+        self.w1 = nn.Parameter(torch.randn(EXPERTS, HIDDEN, FFN) * 0.1)
+        self.w2 = nn.Parameter(torch.randn(EXPERTS, FFN, HIDDEN) * 0.1)
+
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = self.gate(tokens).softmax(-1)
+        chosen = F.one_hot(probs.argmax(-1), EXPERTS).to(tokens.dtype)
+        slot = (chosen.cumsum(0) - 1) * chosen  # each token's place in its expert's queue
+        kept = chosen * (slot < CAPACITY).to(tokens.dtype)
+        dispatch = kept[..., None] * F.one_hot(slot.long().clamp(0, CAPACITY - 1), CAPACITY).to(tokens.dtype)
+        return dispatch, dispatch * (probs * kept).sum(-1)[:, None, None]  # [tokens, experts, slots]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, HIDDEN)
+        dispatch, combine = self.route(tokens)
+        grouped = torch.einsum("tec,th->ech", dispatch, tokens)
+        out = torch.bmm(F.gelu(torch.bmm(grouped, self.w1)), self.w2)
+        return torch.einsum("tec,ech->th", combine, out).view_as(x)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, width: int = HIDDEN) -> None:
         super().__init__()
@@ -435,6 +464,10 @@ def moe() -> MoE:
 
 def shared_expert_moe() -> SharedExpertMoE:
     return SharedExpertMoE()
+
+
+def capacity_moe() -> CapacityMoE:
+    return CapacityMoE()
 
 
 def llama() -> Llama:

@@ -122,6 +122,43 @@ def shared_expert_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Mod
     return SharedExpertParallelMoE(ref, rank, world_size)
 
 
+class TensorParallelTokensMoE(nn.Module):
+    """DeepSpeed-MoE with its expert-parallel group the tensor-parallel one (tokens replicated): each
+    rank keeps its block of every expert's slots (`drop_tokens`), sends each expert block to the rank
+    owning it (all-to-all), runs its experts on every rank's slots, sends the outputs back and
+    all-gathers the slots (`gather_tokens`)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.local = EXPERTS // world_size
+        first = rank * self.local
+        self.gate = ref.gate
+        self.route = ref.route
+        self.w1 = nn.Parameter(ref.w1.detach()[first : first + self.local].clone())
+        self.w2 = nn.Parameter(ref.w2.detach()[first : first + self.local].clone())
+        self.rank, self.world_size = rank, world_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = x.shape[-1]
+        tokens = x.reshape(-1, hidden)
+        dispatch, combine = self.route(tokens)
+        dispatched = torch.einsum("tec,th->ech", dispatch, tokens)
+        mine = dispatched.chunk(self.world_size, dim=1)[self.rank].contiguous()
+        received = torch.empty_like(mine)
+        dist.all_to_all_single(received, mine)  # [source rank's slots of my experts]
+        grouped = received.reshape(self.world_size, self.local, -1, hidden)
+        outputs = [F.gelu(slots @ self.w1[e]) @ self.w2[e] for e, slots in enumerate(grouped.chunk(self.local, dim=1))]
+        out = torch.cat(outputs, dim=1).reshape(EXPERTS, -1, hidden)
+        back = torch.empty_like(out)
+        dist.all_to_all_single(back, out)  # every expert's outputs for my slots
+        expert_out = _gathered(back, self.world_size, dim=1)
+        return torch.einsum("tec,ech->th", combine, expert_out).view_as(x)
+
+
+def tensor_parallel_tokens_moe(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return TensorParallelTokensMoE(ref, rank, world_size)
+
+
 def _gathered(y: torch.Tensor, world_size: int, dim: int) -> torch.Tensor:
     pieces = [torch.empty_like(y) for _ in range(world_size)]
     dist.all_gather(pieces, y.contiguous())
