@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from shardproof.graph.model import TensorMeta
@@ -104,41 +105,30 @@ def test_an_all_reduce_of_partial_chains_is_the_sum_of_all_their_terms() -> None
     assert p.forms.total_facts("(SumN (multiset-of $t0 $t1))", ["$t0", "$t1"]) == []  # nothing opened
 
 
-def test_an_all_reduce_of_chains_viewed_alike_is_that_view_of_all_their_terms() -> None:
-    # an expert-parallel rank accumulates flat (tokens, hidden) and views its sum back to the
-    # activation's shape before the all-reduce: the sum of the views is the view of the sum
+# an expert-parallel rank accumulates flat (tokens, hidden) and views its sum back to the
+# activation's shape before the all-reduce; Megatron-core's all-gather token dispatcher, batch
+# first, moves the sequence to dim 0 for the reduce-scatter: the sum of the movements is the
+# movement of the sum
+@pytest.mark.parametrize(
+    ("op", "text", "move"),
+    [("View", "3,2", lambda t: t.view(3, 2)), ("Permute", "1,0", lambda t: t.permute(1, 0))],
+    ids=["viewed", "transposed"],
+)
+def test_a_reduction_of_chains_moved_alike_is_that_movement_of_all_their_terms(op, text, move) -> None:
     p = Program()
     chains = [
         p.add(f"$r{r}b", p.add(f"$r{r}a", p.zeros(f"$z{r}"), p.leaf(f"$t{r}0")), p.leaf(f"$t{r}1")) for r in (0, 1)
     ]
-    views = [f"$v{r}" for r in (0, 1)]
-    for view, chain in zip(views, chains, strict=True):
-        p.values[view] = p.values[chain].view(3, 2)
-        p.forms.note_view(view, chain, "3,2", _meta())
-    total = f"(SumN (multiset-of {' '.join(views)}))"
-    (fact,) = p.forms.total_facts(total, views)
-    assert fact == f'(union {total} (View (SumN (multiset-of $t00 $t01 $t10 $t11)) "3,2"))'
-    terms = sum(p.values[t] for t in ("$t00", "$t01", "$t10", "$t11"))
-    assert torch.allclose(p.values["$v0"] + p.values["$v1"], terms.view(3, 2))
-
-
-def test_a_reduce_scatter_of_chains_transposed_alike_is_that_transpose_of_all_their_terms() -> None:
-    # Megatron-core's all-gather token dispatcher, batch first: each rank sums its own experts'
-    # outputs and moves the sequence to dim 0 for the reduce-scatter; the sum of the permutes is
-    # the permute of the sum (the reduce-scatter's slice is taken of that)
-    p = Program()
-    chains = [
-        p.add(f"$r{r}b", p.add(f"$r{r}a", p.zeros(f"$z{r}"), p.leaf(f"$t{r}0")), p.leaf(f"$t{r}1")) for r in (0, 1)
-    ]
-    moved = [f"$p{r}" for r in (0, 1)]
+    moved = [f"$m{r}" for r in (0, 1)]
+    note = p.forms.note_view if op == "View" else p.forms.note_permute
     for value, chain in zip(moved, chains, strict=True):
-        p.values[value] = p.values[chain].permute(1, 0)
-        p.forms.note_permute(value, chain, "1,0", _meta())
+        p.values[value] = move(p.values[chain])
+        note(value, chain, text, _meta())
     total = f"(SumN (multiset-of {' '.join(moved)}))"
     (fact,) = p.forms.total_facts(total, moved)
-    assert fact == f'(union {total} (Permute (SumN (multiset-of $t00 $t01 $t10 $t11)) "1,0"))'
+    assert fact == f'(union {total} ({op} (SumN (multiset-of $t00 $t01 $t10 $t11)) "{text}"))'
     terms = sum(p.values[t] for t in ("$t00", "$t01", "$t10", "$t11"))
-    assert torch.allclose(p.values["$p0"] + p.values["$p1"], terms.permute(1, 0))
+    assert torch.allclose(p.values["$m0"] + p.values["$m1"], move(terms))
 
 
 def test_a_view_and_a_permute_are_not_taken_for_one_movement() -> None:
