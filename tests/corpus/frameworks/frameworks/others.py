@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .long_context import _gathered_sequence
 from .models import EXPERTS, HEAD_DIM, causal_attention
 
 
@@ -151,18 +152,12 @@ class TensorParallelTokensMoE(nn.Module):
         out = torch.cat(outputs, dim=1).reshape(EXPERTS, -1, hidden)
         back = torch.empty_like(out)
         dist.all_to_all_single(back, out)  # every expert's outputs for my slots
-        expert_out = _gathered(back, self.world_size, dim=1)
+        expert_out = _gathered_sequence(back, self.world_size, dim=1)
         return torch.einsum("tec,ech->th", combine, expert_out).view_as(x)
 
 
 def tensor_parallel_tokens_moe(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return TensorParallelTokensMoE(ref, rank, world_size)
-
-
-def _gathered(y: torch.Tensor, world_size: int, dim: int) -> torch.Tensor:
-    pieces = [torch.empty_like(y) for _ in range(world_size)]
-    dist.all_gather(pieces, y.contiguous())
-    return torch.cat(pieces, dim=dim)
 
 
 class AllGatherDispatchMoE(ExpertParallelMoE):
@@ -179,7 +174,7 @@ class AllGatherDispatchMoE(ExpertParallelMoE):
         batch, seq, hidden = x.shape
         rows = seq // self.world_size
         mine = x[:, self.rank * rows : (self.rank + 1) * rows]
-        tokens = _gathered(mine, self.world_size, dim=1)
+        tokens = _gathered_sequence(mine, self.world_size, dim=1)
         weights, chosen = self.route(tokens)
         partial = torch.zeros_like(tokens)
         for offset, expert in enumerate(self.experts):
@@ -187,7 +182,7 @@ class AllGatherDispatchMoE(ExpertParallelMoE):
             partial = partial + gate * expert(tokens)
         out = torch.empty(rows, batch, hidden)
         dist.reduce_scatter_tensor(out, partial.transpose(0, 1).contiguous())
-        return _gathered(out.transpose(0, 1), self.world_size, dim=1)
+        return _gathered_sequence(out.transpose(0, 1), self.world_size, dim=1)
 
 
 def all_gather_dispatch_moe(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
