@@ -21,6 +21,15 @@ def _permutation(g: Gen, nd: int, kept: int = 0) -> list[int]:
     return moved + list(range(nd - kept, nd))
 
 
+def _permutation_keeping_exactly(g: Gen, nd: int, kept: int) -> list[int]:
+    """A random permutation of nd dims that leaves its last `kept` dims in place and moves the one
+    before them (nd - kept >= 2)."""
+    perm = _permutation(g, nd, kept)
+    while perm[nd - 1 - kept] == nd - 1 - kept:
+        perm = _permutation(g, nd, kept)
+    return perm
+
+
 @instance("shape-permute-dim", "shape-permute-rank")
 def _(g: Gen) -> dict[str, Any]:
     nd = g.int(2, 4)
@@ -53,9 +62,7 @@ def _broadcast_operand(g: Gen, near: bool) -> dict[str, Any]:
     if near:
         n = g.int(2, 4)
         shape = [n] * nd
-        perm = _permutation(g, nd, kept)
-        while perm[nd - 1 - kept] == nd - 1 - kept:  # p keeps exactly `kept` dims
-            perm = _permutation(g, nd, kept)
+        perm = _permutation_keeping_exactly(g, nd, kept)
         m = kept + 1
     else:
         shape = _shape(g, nd)
@@ -90,10 +97,10 @@ def _(g: Gen) -> dict[str, Any]:
 
 
 # -- a computation on a permuted layout (Megatron's sequence first against a batch-first reference) --
-def _permuted(g: Gen, nd: int | None = None, kept: int = 0) -> dict[str, Any]:
-    """x of nd dims and a permutation leaving (at least) its last `kept` dims in place."""
-    nd = nd or g.int(2, 4)
-    return {"x": g.tensor(*_shape(g, nd)), "p": g.text(_permutation(g, nd, kept))}
+def _permuted(g: Gen) -> dict[str, Any]:
+    """x of 2 to 4 dims and any permutation of them."""
+    nd = g.int(2, 4)
+    return {"x": g.tensor(*_shape(g, nd)), "p": g.text(_permutation(g, nd))}
 
 
 @instance("unary-of-permute")
@@ -151,15 +158,13 @@ def _(g: Gen) -> dict[str, Any]:
 def _along_trailing(g: Gen, near: bool) -> dict[str, Any]:
     """x permuted by p keeping its last `kept` dims, and a dim d among them; the near miss's d is the
     first dim p moves (all sizes equal, so the shapes still fit)."""
-    nd = g.int(2, 4)
-    kept = g.int(1, nd - 1)
     if near:
         nd, n = g.int(3, 4), g.int(2, 4)
         kept = g.int(1, nd - 2)  # two dims at least to move
-        perm = _permutation(g, nd, kept)
-        while perm[nd - 1 - kept] == nd - 1 - kept:  # p keeps exactly `kept` dims
-            perm = _permutation(g, nd, kept)
+        perm = _permutation_keeping_exactly(g, nd, kept)
         return {"x": g.tensor(*[n] * nd), "p": g.text(perm), "d": -(kept + 1)}
+    nd = g.int(2, 4)
+    kept = g.int(1, nd - 1)
     return {"x": g.tensor(*_shape(g, nd)), "p": g.text(_permutation(g, nd, kept)), "d": g.int(-kept, -1)}
 
 
@@ -175,13 +180,12 @@ instance_and_near_miss("reduction-of-permute", _reduced_trailing)
 
 @instance("slice-of-permute")
 def _(g: Gen) -> dict[str, Any]:
-    bindings = _permuted(g)
-    x, perm = bindings["x"], [int(v) for v in bindings["p"].split(",")]
-    nd = len(perm)
+    nd = g.int(2, 4)
+    x, perm = g.tensor(*_shape(g, nd)), _permutation(g, nd)
     do = g.int(-nd, -1)
     size = x.shape[perm[nd + do]]
     a = g.int(0, size - 1)
-    return bindings | {"do": do, "di": perm[nd + do] - nd, "a": a, "b": g.int(a + 1, size)}
+    return {"x": x, "p": g.text(perm), "do": do, "di": perm[nd + do] - nd, "a": a, "b": g.int(a + 1, size)}
 
 
 @instance("concat-of-permutes")
