@@ -80,7 +80,7 @@ MUTANTS = [
     ("linear-of-permute", " (>= k 1)", ""),  # a permutation that moves the features
     ("softmax-of-permute", " (<= (- 0 d) k)", ""),  # a softmax along a dim the permutation moves
     ("reduction-of-permute", " (<= (- 0 d) k)", ""),
-    ("binary-of-permute-and-trailing-operand-left", " (<= m k)", ""),  # b read along a moved dim
+    ("permute-then-broadcast-operand-left", " (<= m k)", ""),
     ("term-cover-in-sum-extend", "(psum Z p e f K)", "(psum Z p 0 f K)"),  # a contribution counted twice
     ("sum-of-term-cover", "(subcover S Z rest K K)", "(subcover S Z rest e K)"),  # a cover not yet whole
 ]

@@ -81,7 +81,6 @@ def _broadcast_operand(g: Gen, near: bool) -> dict[str, Any]:
 
 
 for _side in ("right", "left"):
-    instance_and_near_miss(f"permute-then-broadcast-operand-{_side}", _broadcast_operand)
     instance_and_near_miss(f"selection-of-permute-then-broadcast-operand-{_side}", _broadcast_operand)
 
 
@@ -135,7 +134,7 @@ def _trailing_operand(g: Gen, near: bool) -> dict[str, Any]:
 
 
 for _side in ("right", "left"):
-    instance_and_near_miss(f"binary-of-permute-and-trailing-operand-{_side}", _trailing_operand)
+    instance_and_near_miss(f"permute-then-broadcast-operand-{_side}", _trailing_operand)
 
 
 @instance("linear-of-permute")

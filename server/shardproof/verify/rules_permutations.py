@@ -51,8 +51,9 @@ _rule(
 # leaves in place (b has no more dims than the tail p keeps: a bias along the hidden dim of a
 # value whose batch and sequence dims are swapped). Both sides are the same function of the same
 # elements: position i of the left reads X at p(i) and b at i's trailing coordinates, which p(i)
-# shares. Stated where a rank applies f to the permuted value (or to a selection of it) and b, and
-# the reference applies f to X and b: the reference's permuted result is made only then.
+# shares. Stated wherever a rank applies f to a permuted value and such a b (the permutation moves
+# out, see the rules below); where it applies f to a selection of the permuted value, only when the
+# reference applies f to X and b: the reference's permuted result is made only then.
 for _side, _rank_op, _rank_sel_op, _reference_op in (
     ("right", "(Bin f PX b)", "(Bin f x b)", "(Bin f X b)"),
     ("left", "(Bin f b PX)", "(Bin f b x)", "(Bin f b X)"),
@@ -61,9 +62,9 @@ for _side, _rank_op, _rank_sel_op, _reference_op in (
         f"permute-then-broadcast-operand-{_side}",
         "layout",
         f"an elementwise op of a permuted value and an operand on the {_side} broadcast along the dims the "
-        "permutation keeps in place is the permutation of the op's result",
-        f"(rule ((= y {_rank_op}) (= PX (Permute X p)) (ptail p k) (= m (nd b)) (<= m k) (= Z {_reference_op})) "
-        "((union y (Permute Z p))))",
+        "permutation keeps in place (a bias along the hidden dim) is the permutation of the op's result",
+        f"(rule ((= y {_rank_op}) (= PX (Permute X p)) (ptail p k) (= m (nd b)) (<= m k)) "
+        f"((union y (Permute {_reference_op} p))))",
     )
     _rule(
         f"selection-of-permute-then-broadcast-operand-{_side}",
@@ -104,18 +105,6 @@ _rule(
     "broadcasting pairs dims one by one, which p moves alike",
     "(rewrite (Bin f (Permute x p) (Permute z p)) (Permute (Bin f x z) p))",
 )
-for _side, _rank_op, _moved in (
-    ("right", "(Bin f PX b)", "(Bin f X b)"),
-    ("left", "(Bin f b PX)", "(Bin f b X)"),
-):
-    _rule(
-        f"binary-of-permute-and-trailing-operand-{_side}",
-        "layout",
-        f"an elementwise op of x.permute(p) and an operand on the {_side} with no more dims than p leaves in "
-        "place (a bias along the hidden dim) is the op of x and that operand, permuted",
-        f"(rule ((= y {_rank_op}) (= PX (Permute X p)) (ptail p k) (= m (nd b)) (<= m k)) "
-        f"((union y (Permute {_moved} p))))",
-    )
 _rule(
     "linear-of-permute",
     "layout",
