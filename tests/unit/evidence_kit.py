@@ -176,6 +176,10 @@ class Kit:
     def pmax(self, ref: str, part: str, start: int, end: int, total: int) -> None:
         self.facts.pmax.append((self.cls(ref), self.cls(part), start, end, total))
 
+    def permute(self, outer: str, inner: str, perm: str) -> None:
+        """The class of `outer` holds `inner.permute(perm)` (perm as "1,0,2")."""
+        self.facts.permute.append((self.cls(outer), self.cls(inner), perm))
+
     def frac(self, ref: str, part: str, num: int, den: int) -> None:
         self.facts.frac.append((self.cls(ref), self.cls(part), num, den))
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..capture.environment import EVERYTHING, relevant, unchanged
-from .engine import Saturation
+from .engine import FACTS_FORMAT, Saturation
 from .rules import RULE_LIBRARY_VERSION
 from .sandbox import Job
 
@@ -56,7 +56,7 @@ def _entry(kind: str, key: str) -> Path | None:
 
 def unit_key(commands: list[str], max_iterations: int, max_rows: int) -> str:
     digest = hashlib.sha256()
-    for part in (_rule_library(), _egglog_version(), str(max_iterations), str(max_rows)):
+    for part in (_rule_library(), FACTS_FORMAT, _egglog_version(), str(max_iterations), str(max_rows)):
         digest.update(part.encode())
         digest.update(b"\0")
     for command in commands:

@@ -19,6 +19,11 @@ ITERATIONS_PER_CHUNK = 8
 Ranges = tuple[tuple[int, int], ...]
 
 
+# What a saturation's facts hold (`read_facts`): a stored saturation read in another format would
+# lack what the localizer now reads (version 2: the permutations of related values)
+FACTS_FORMAT = "facts 2"
+
+
 @dataclass
 class Facts:
     classes: dict[str, int] = field(default_factory=dict)  # "graph/value" -> e-class
@@ -27,6 +32,9 @@ class Facts:
     psum: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (ref, part, start, end, total)
     pmax: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # (ref, part, start, end, total)
     frac: list[tuple[int, int, int, int]] = field(default_factory=list)  # (ref, part, num, den)
+    # (outer, inner, perm): the class `outer` holds `(Permute inner perm)`, for an inner class that
+    # is a reference value or related to one (a rank computing on a permuted layout)
+    permute: list[tuple[int, int, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,6 +48,7 @@ class Facts:
             psum=[tuple(x) for x in data["psum"]],  # type: ignore[misc]
             pmax=[tuple(x) for x in data.get("pmax", [])],  # type: ignore[misc]
             frac=[tuple(x) for x in data["frac"]],  # type: ignore[misc]
+            permute=[tuple(x) for x in data.get("permute", [])],  # type: ignore[misc]
         )
 
 
@@ -160,7 +169,21 @@ def read_facts(egraph: EGraph) -> Facts:
         facts.pmax.append((cls(inputs[0]), cls(inputs[1]), *(egraph.to_int(v) for v in inputs[2:])))  # type: ignore[arg-type]
     for inputs, _ in functions["frac"].rows:
         facts.frac.append((cls(inputs[0]), cls(inputs[1]), *(egraph.to_int(v) for v in inputs[2:])))  # type: ignore[arg-type]
+    _read_permutes(egraph, functions["Permute"].rows, cls, facts)
     return facts
+
+
+def _read_permutes(egraph: EGraph, rows: Any, cls: Any, facts: Facts) -> None:
+    """The permutations of related values that classes holding a rank value hold: only those can
+    relate a rank value to a reference value (the e-graph holds many more permuted terms)."""
+    related = {c for name, c in facts.classes.items() if name.startswith("reference/")}
+    for relation in (facts.sel, facts.selw, facts.psum, facts.pmax, facts.frac):
+        related.update(row[1] for row in relation)
+    ranks = {c for name, c in facts.classes.items() if not name.startswith("reference/")}
+    for inputs, output in rows:
+        inner, outer = cls(inputs[0]), cls(output)
+        if inner in related and outer in ranks and inner != outer:
+            facts.permute.append((outer, inner, egraph.to_str(inputs[1])))
 
 
 def _range_decoder(egraph: EGraph, functions: dict[str, Any]) -> Any:

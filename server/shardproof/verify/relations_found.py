@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..graph.model import Graph
 from .engine import Facts, Ranges
@@ -15,7 +15,7 @@ from .factored_terms import SCALED_SUFFIX
 class Relation:
     """How a rank value relates to a reference value (see verify/language.py)."""
 
-    kind: str  # equal | sel | selw | psum | pmax | frac
+    kind: str  # equal | sel | selw | psum | pmax | frac | permuted
     part: int  # e-class of the rank value
     dim: int = 0
     ranges: Ranges = ()
@@ -27,8 +27,17 @@ class Relation:
     lo: int = 0
     hi: int = 0
     length: int = 0
+    # the rank value is this relation's value with its dims permuted (`x.permute(perm)`, the text
+    # "1,0,2"): kept on psum / pmax / frac, which say nothing of dims; an equal, sel or selw
+    # relation permuted is kind `permuted`, its own kind in `inner` (its dims are the unpermuted
+    # value's), so that no reader takes it for a plain one
+    perm: str = ""
+    inner: str = ""
 
     def describe(self, shape: tuple[int, ...] | None = None, reduced: str = "reduced indices") -> str:
+        if self.perm:
+            plain = replace(self, kind=self.inner or self.kind, perm="", inner="")
+            return f"{plain.describe(shape, reduced)}, with its dims in the order ({self.perm.replace(',', ', ')})"
         if self.kind == "equal":
             return "the full value (replicated)"
         if self.kind == "sel":
@@ -90,6 +99,12 @@ class RelationIndex:
             self.by_ref[ref].append(Relation("pmax", part, start=s, end=e, total=k))
         for ref, part, p, q in facts.frac:
             self.by_ref[ref].append(Relation("frac", part, num=p, den=q))
+        # permuted layouts: the classes holding a permutation of a class, and the reverse
+        self.permuted: dict[int, list[tuple[int, str]]] = defaultdict(list)  # inner -> (outer, perm)
+        self.unpermuted: dict[int, list[tuple[int, str]]] = defaultdict(list)  # outer -> (inner, perm)
+        for outer, inner, perm in facts.permute:
+            self.permuted[inner].append((outer, perm))
+            self.unpermuted[outer].append((inner, perm))
 
     # -- lookups ----------------------------------------------------------------------------------
     def class_of(self, graph: str, value: str) -> int | None:
@@ -118,6 +133,12 @@ class RelationIndex:
             values = self.values_in(rel.part, graph)
             if values and rel.part != c:
                 found.append((rel, values))
+        if not found:  # a permuted layout relates only what nothing relates plainly
+            for rel in [Relation("equal", c), *self.by_ref.get(c, [])]:
+                for outer, perm in self.permuted.get(rel.part, []):
+                    values = self.values_in(outer, graph)
+                    if values:
+                        found.append((_permuted(rel, outer, perm), values))
         return found
 
     def related(self, ref_value: str, rank: int) -> bool:
@@ -138,4 +159,21 @@ class RelationIndex:
                     ref_values = self.reference_values(ref_class)
                     if ref_values:
                         out.append((rel, ref_values))
+        if not out:
+            for inner, perm in self.unpermuted.get(c, []):
+                refs = self.reference_values(inner)
+                if refs:
+                    out.append((_permuted(Relation("equal", inner), c, perm), refs))
+                for ref_class, rels in self.by_ref.items():
+                    for rel in rels:
+                        ref_values = self.reference_values(ref_class) if rel.part == inner else []
+                        if ref_values:
+                            out.append((_permuted(rel, c, perm), ref_values))
         return out
+
+
+def _permuted(rel: Relation, part: int, perm: str) -> Relation:
+    """`rel` of the value `part` holds a permutation of (see `Relation.perm`)."""
+    if rel.kind in ("psum", "pmax", "frac"):
+        return replace(rel, part=part, perm=perm)
+    return replace(rel, kind="permuted", inner=rel.kind, part=part, perm=perm)

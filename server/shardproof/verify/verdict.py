@@ -131,10 +131,12 @@ def _gradient_relation(
 def _output_relations(
     index: RelationIndex, ref_value: str, graph: Graph, position: int, i: int
 ) -> tuple[int, list[Relation]]:
-    """A rank's number and how its output `i` relates to the reference value `ref_value`."""
+    """A rank's number and how its output `i` relates to the reference value `ref_value`: never
+    through a permutation (a permuted partial sum is a partial sum of another value's layout; the
+    localizer reads those, an output must be the reference's own layout)."""
     rank = graph.rank if graph.rank is not None else position
     value = graph.outputs[i]
-    return rank, [rel for rel, values in index.relations(ref_value, rank) if value in values]
+    return rank, [rel for rel, values in index.relations(ref_value, rank) if value in values and not rel.perm]
 
 
 def _same_dim(found: int, expected: int, shape: tuple[int, ...] | None) -> bool:
