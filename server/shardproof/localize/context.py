@@ -120,10 +120,13 @@ class Context(Blame, Pictures, Plans):
             return best[3]
         # No op of the same kind reads the related inputs: the rank computes something else from
         # them (a reshape where the reference transposes), which plays the part.
+        # A movement that is itself related to a reference value (a permuted layout's transpose)
+        # plays that value's part, not this one's.
         if len(ref_node.inputs) == 1:
             for node in self.ev.ranks[rank].nodes:
                 reads_related = bool(node.inputs) and any(node.inputs[0] in s for s in related_inputs)
-                if reads_related and node.op in ("view", "permute", "expand", "slice"):
+                moves = node.op in ("view", "permute", "expand", "slice")
+                if reads_related and moves and not self.is_related(rank, node.id):
                     return node
         return by_name
 
@@ -131,7 +134,9 @@ class Context(Blame, Pictures, Plans):
         """The rank's first value (in graph order) that reads a value related to an input of
         `ref_node` and has no relation of its own: where its computation stops following the
         reference's, when no node plays `ref_node`'s part (`aligned`)."""
-        related = {v for value in ref_node.inputs for _, vals in self.index.relations(value, rank) for v in vals}
+        related = {
+            v for value in ref_node.inputs for _, vals in self.index.relations(value, rank, every=True) for v in vals
+        }
         for node in self.ev.ranks[rank].nodes:
             if any(v in related for v in node.inputs) and not self.is_related(rank, node.id):
                 return node

@@ -28,6 +28,8 @@ tried in this order, and the first that applies gives the report:
                          the all-reduce, rearranged or reduced twice)
    embedding-mask        a vocabulary-parallel embedding's mask or shift does not match its rows
    target-pick-mask      a vocabulary-parallel loss's target pick does not match its classes
+   skipped-operation     the rank returns an input of the reference's last operation as the
+                         reference computes it (a residual add or a bias left out)
    wrong-constant        the rank op playing the value's part has related inputs but another
                          number (a scale, a divisor): reported where the number is assigned
    mismatch              the rank op playing the value's part has an input that is unrelated or
@@ -57,6 +59,7 @@ from .detectors.not_equivalent import not_equivalent
 from .detectors.output_mismatch import output_mismatch
 from .detectors.partial_misuse import partial_misuse
 from .detectors.scaled_gradient import scaled_gradient
+from .detectors.skipped_operation import skipped_operation
 from .detectors.stage_handover import stage_handover
 from .detectors.target_pick_mask import target_pick_mask
 from .detectors.term_coverage import term_coverage
@@ -90,6 +93,7 @@ VALUE_DETECTORS = [
     ValueDetector("partial-misuse", "partial sums among the value's inputs and their consumers", partial_misuse),
     ValueDetector("embedding-mask", "an embedding's weight selection and its ids' mask", embedding_mask),
     ValueDetector("target-pick-mask", "a target pick's logits selection and mask", target_pick_mask),
+    ValueDetector("skipped-operation", "the rank's outputs and their relations", skipped_operation),
     ValueDetector("wrong-constant", "the literal numbers of the rank op playing the value's part", wrong_constant),
     ValueDetector("mismatch", "the input relations of the rank op playing the value's part", mismatch),
 ]

@@ -119,8 +119,9 @@ class RelationIndex:
     def reference_values(self, c: int) -> list[str]:
         return self.values_in(c, "reference")
 
-    def relations(self, ref_value: str, rank: int) -> list[tuple[Relation, list[str]]]:
-        """Every proven relation between a reference value and rank `rank`'s values."""
+    def relations(self, ref_value: str, rank: int, every: bool = False) -> list[tuple[Relation, list[str]]]:
+        """Every proven relation between a reference value and rank `rank`'s values; permuted ones
+        only where no plain one holds, unless `every`."""
         c = self.class_of("reference", ref_value)
         if c is None:
             return []
@@ -133,7 +134,7 @@ class RelationIndex:
             values = self.values_in(rel.part, graph)
             if values and rel.part != c:
                 found.append((rel, values))
-        if not found:  # a permuted layout relates only what nothing relates plainly
+        if every or not found:  # a permuted layout relates only what nothing relates plainly
             for rel in [Relation("equal", c), *self.by_ref.get(c, [])]:
                 for outer, perm in self.permuted.get(rel.part, []):
                     values = self.values_in(outer, graph)
