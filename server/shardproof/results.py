@@ -39,7 +39,7 @@ DISCREPANCY_KINDS = {
     "scaled-gradient": "a gradient is the reference's times a constant (averaged with the wrong count)",
     "wrong-constant": "an operation uses another number than the reference's (a scale from the local sizes)",
     "wrong-group": "a collective runs over ranks that do not hold the parts it combines (the wrong process group)",
-    "skipped-operation": "the rank returns a value the reference computes before its last operation (a residual left out)",
+    "skipped-operation": "a rank uses or returns the input of a reference operation in its place (a bias left out)",
     "not-equivalent": "a value matches nothing the reference computes",
 }
 

@@ -42,7 +42,7 @@ class ResidualDropped(Block):
 
 class RowBiasDropped(Block):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, bias = self.down(F.gelu(F.linear(self.norm(x), self.up_w, self.up_b)))
+        out, _ = self.down(F.gelu(F.linear(self.norm(x), self.up_w, self.up_b)))
         return out + x
 
 
