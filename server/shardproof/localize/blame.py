@@ -52,10 +52,24 @@ class Blame:
             # that block): a related input and an unrelated result is the op itself (a wrong
             # factor, an op the reference does not apply there), not where the input came from
             return self._kept_factor_site(rank, node) or self.rank_site(node), "node"
+        if self._reduces_blocks(rank, node):
+            # an all-reduce adds what the ranks hold; blocks of one value (a head's output, a
+            # sequence shard) are not parts of a sum: the reduction is in the wrong place
+            return self.rank_site(node, "this reduction adds the ranks' blocks of a value"), "reduced-blocks"
         sharded = [v for v in node.inputs if not self._is_replicated(rank, v)]
         if sharded:
             return self.blame(rank, sharded[-1], depth + 1, suspects)
         return self.rank_site(node), "node"
+
+    def _reduces_blocks(self, rank: int, node: Node) -> bool:
+        """A sum-reduction (all-reduce, reduce-scatter) whose input holds a block of a reference
+        value, not a partial sum, and whose result is related to nothing."""
+        if node.op not in ("all_reduce", "reduce_scatter") or node.collective is None:
+            return False
+        if node.collective.reduce_op != "sum" or self.is_related(rank, node.id) or not node.inputs:
+            return False
+        kinds = {rel.kind for rel, _ in self.index.relations_of_rank_value(rank, node.inputs[0])}
+        return kinds == {"sel"}
 
     def _kept_factor_site(self, rank: int, node: Node) -> Site | None:
         """Where the factor of a wrong scaling was computed, when the forward reads it from a

@@ -67,7 +67,7 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
         kind = "shard-order"
     if how == "unrelated-parameter":
         kind = "unrelated-parameter"
-    if how in ("handover", "layout"):
+    if how in ("handover", "layout", "reduced-blocks"):
         kind = "wrong-layout"
     where = ctx.rank_site(aligned).short() if aligned.site else "?"
     message = (
@@ -88,6 +88,11 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
             "split (scattered) before the gather, or the gather is one too many"
         )
         how = "gather-of-whole"
+    if how == "reduced-blocks":
+        message += (
+            "; the all-reduce before it adds the ranks' blocks of a value (different parts of it), "
+            "which are not partial sums"
+        )
     if how == "one-block":
         assert one_block is not None
         message = (
@@ -119,6 +124,9 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
             else "join the pieces in the order the reference's layout has (each copy next to its source, "
             "as repeat_interleave does, rather than tiled copies)"
             if how == "layout"
+            else "reduce partial sums, not blocks: move the all-reduce after the operation that makes the "
+            "ranks' partial sums (the row-parallel linear), or gather the blocks instead"
+            if how == "reduced-blocks"
             else "make this rank hold the slice its partners expect (see the first location)"
         ),
         details={"blame": how, "wrong_inputs": [w[0] for w in wrong], "culprit": f"rank{rank}/{value}"},

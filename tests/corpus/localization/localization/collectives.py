@@ -53,6 +53,23 @@ def attention_all_reduce_max(ref: nn.Module, rank: int, world_size: int) -> nn.M
     return HeadParallelAttention(ref, rank, world_size)
 
 
+class HeadsReducedToo(HeadParallelAttention):
+    """The same attention with one all-reduce too many, on the heads before the projection."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, -1, HEAD_DIM) for t in F.linear(x, self.qkv_w, self.qkv_b).chunk(3, dim=-1))
+        heads = causal_attention(q, k, v)
+        dist.all_reduce(heads)
+        out = F.linear(heads, self.proj_w)
+        dist.all_reduce(out)
+        return out + self.proj_b
+
+
+def heads_reduced_too(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return HeadsReducedToo(ref, rank, world_size)
+
+
 class VocabParallelSoftmax(nn.Module):
     """Megatron's vocab-parallel softmax: the global max and the global sum of exponentials by
     two all-reduces; each rank keeps its vocabulary block of the probabilities."""
