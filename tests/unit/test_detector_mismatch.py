@@ -98,6 +98,19 @@ def test_a_gather_of_a_value_already_whole_says_so() -> None:
     assert found.details["blame"] == "gather-of-whole" and "scatter the value" in found.suggestion
 
 
+def test_blocks_added_by_an_all_reduce_are_reported_at_the_all_reduce() -> None:
+    def summed(kit: Kit, r: int, rank: Program) -> str:
+        rank.all_reduce("summed", "part", out=(2, 8, 8), line=39)
+        kit.cls(f"rank{r}/summed")
+        return "summed"
+
+    found = _check(_kit(feed=summed))
+    assert isinstance(found, Discrepancy) and found.kind == "wrong-layout"
+    assert at(found) == (PARALLEL_FILE, 39) and found.details["blame"] == "reduced-blocks"
+    assert "the all-reduce before it adds the ranks' blocks of a value" in found.message
+    assert "reduce partial sums, not blocks" in found.suggestion
+
+
 def test_an_op_no_rule_follows_on_sharded_inputs_is_unsupported() -> None:
     kit = _kit()
     kit.ref.op("z", "generic", "h", out=SHAPE, line=12, target="aten::no_such_op")
