@@ -12,7 +12,7 @@ from shardproof.capture import folding
 from shardproof.capture.normalize import to_graph
 from shardproof.capture.program import _export
 from shardproof.graph.model import Graph
-from shardproof.verify.constant_blocks import _blocks_of
+from shardproof.verify.constant_blocks import _blocks_of, _runs_of
 from shardproof.verify.encode import encode_unit
 
 
@@ -62,6 +62,45 @@ def test_a_block_is_found_in_one_dimension_and_the_rank_s_own_first() -> None:
     repeated = torch.zeros(6, 4)
     assert _blocks_of(repeated[:2], repeated, 2) == [(0, 4), (0, 0)]  # equal blocks: its own, then another
     assert _blocks_of(torch.ones(2, 4), repeated, 0) == []
+
+
+def _mirrored_rows_mask(rank: int, block: int):
+    """A load-balanced context-parallel rank's mask: the rows of its block and of the mirror block."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[-1]
+        mirror = s - (rank + 1) * block
+        rows = torch.cat([torch.arange(rank * block, (rank + 1) * block), torch.arange(mirror, mirror + block)])
+        return x.masked_fill(~(torch.arange(s)[None, :] <= rows[:, None]), float("-inf"))
+
+    return forward
+
+
+def test_a_rank_mask_of_two_mirrored_blocks_is_the_concatenation_of_their_slices() -> None:
+    reference = _graph(_reference_mask, "reference", None, 2, (8, 8))
+    ranks = [(_graph(_mirrored_rows_mask(r, 2), f"rank{r}", r, 2, (4, 8)), {}) for r in range(2)]
+    commands = encode_unit(reference, {}, ranks).commands
+    joined = [c for c in commands if c.startswith("(union ") and "(Slice " in c]
+    # rank 0 holds rows [0:2] and [6:8]; rank 1's two blocks, [2:4] and [4:6], are one
+    assert len(joined) == 2 and "(Cat (Slice " in joined[0] and " -2 0 2)" in joined[0] and " -2 6 8)" in joined[0]
+    assert "(Cat " not in joined[1] and " -2 2 6)" in joined[1], joined
+    future = ~torch.ones(8, 8, dtype=torch.bool).tril()
+    known = {folding.value_digest(future): future}
+    for rank in range(2):
+        rows = torch.cat([future[rank * 2 : rank * 2 + 2], future[6 - rank * 2 : 8 - rank * 2]])
+        known[folding.value_digest(rows)] = rows
+    assert unions_hold(commands, {"0": torch.randn(8, 8, dtype=torch.float64)}, known) >= 2
+
+
+def test_blocks_are_read_in_one_dimension_and_only_a_few() -> None:
+    whole = torch.arange(48).view(12, 4)
+    assert _runs_of(torch.cat([whole[0:2], whole[8:11]]), whole) == (0, [(0, 2), (8, 11)])
+    assert _runs_of(whole[::3], whole) == (0, [(0, 1), (3, 4), (6, 7), (9, 10)])
+    assert _runs_of(whole[::1], whole) is None  # equal: no blocks to read
+    assert _runs_of(torch.cat([whole[0:2], whole[4:6]])[:, 1:3], whole) is None  # two dims differ
+    tall = torch.arange(96).view(24, 4)
+    assert _runs_of(tall[::2], tall) is None  # twelve blocks: more than a few
+    assert _runs_of(torch.cat([whole[0:1], torch.full((1, 4), -1)]), whole) is None  # a row that is none of its
 
 
 def test_a_tensor_made_from_python_data_on_meta_keeps_its_value() -> None:

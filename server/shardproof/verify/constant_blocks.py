@@ -6,7 +6,9 @@ written differently: context parallelism's causal mask for its rows of queries
 (`arange(s)[None] <= arange(n)[:, None] + rank * n` against `ones(s, s).tril()`), the ALiBi
 slopes of its heads. Where a rank's constant equals a contiguous block of one dimension of a
 reference constant (compared value by value), the rank's value is stated to be that slice of the
-reference's: a fact of evaluation, sound for any program. Only constants made by the same
+reference's; where it equals a few blocks of one dimension joined (a load-balanced rank's rows:
+its block of the sequence and the mirror block), the concatenation of those slices: facts of
+evaluation, sound for any program. Only constants made by the same
 operation are compared: an equality between constants made otherwise (a column of a mask and a
 test of its rows) is true but a coincidence that would mislead the localizer.
 """
@@ -38,11 +40,21 @@ def constant_block_facts(encoder: Encoder, reference: Graph, ranks: list[Graph])
             for ref_id, whole in known.items():
                 if made_by[ref_id] != role:
                     continue  # equal values made otherwise (a column of a mask and a row test) are a coincidence
-                for dim, start in _blocks_of(value, whole, graph.rank):
+                blocks = _blocks_of(value, whole, graph.rank)
+                for dim, start in blocks:
                     end = start + value.shape[dim]
                     # dims are written counted from the last (encode.py)
                     sliced = f"(Slice {encoder.term(reference, ref_id)} {dim - whole.dim()} {start} {end})"
                     facts.append(f"(union {encoder.term(graph, value_id)} {sliced})")
+                runs = _runs_of(value, whole) if not blocks else None
+                if runs is not None:
+                    dim, spans = runs
+                    source = encoder.term(reference, ref_id)
+                    pieces = [f"(Slice {source} {dim - whole.dim()} {a} {b})" for a, b in spans]
+                    joined = pieces[0]
+                    for piece in pieces[1:]:
+                        joined = f"(Cat {joined} {piece} {dim - whole.dim()})"
+                    facts.append(f"(union {encoder.term(graph, value_id)} {joined})")
     return facts
 
 
@@ -55,6 +67,34 @@ def _made_by(encoder: Encoder, graph: Graph, value_id: str) -> tuple[Any, ...]:
 
 def _encoded(encoder: Encoder, graph: Graph) -> dict[str, Any]:
     return {v: value for v, value in graph.constants.items() if (graph.name, v) in encoder.term_of}
+
+
+_MOST_RUNS = 8  # a constant made of more blocks than this is not read as blocks
+
+
+def _runs_of(part: Any, whole: Any) -> tuple[int, list[tuple[int, int]]] | None:
+    """(dim, spans) where `part` is the concatenation of several blocks of one dimension of
+    `whole` (a load-balanced context-parallel rank's causal-mask rows: its first block of the
+    sequence and its mirror block at the end), each block extended as far as it matches and the
+    next one started at the first index that matches; None when it is not (or needs more than
+    `_MOST_RUNS` blocks)."""
+    if part.dtype != whole.dtype or part.dim() != whole.dim():
+        return None
+    differing = [d for d in range(whole.dim()) if part.shape[d] != whole.shape[d]]
+    if len(differing) != 1 or part.shape[differing[0]] > whole.shape[differing[0]]:
+        return None
+    (dim,) = differing
+    spans: list[tuple[int, int]] = []
+    for index in range(part.shape[dim]):
+        row = part.narrow(dim, index, 1)
+        if spans and spans[-1][1] < whole.shape[dim] and bool((whole.narrow(dim, spans[-1][1], 1) == row).all()):
+            spans[-1] = (spans[-1][0], spans[-1][1] + 1)
+            continue
+        match = next((j for j in range(whole.shape[dim]) if bool((whole.narrow(dim, j, 1) == row).all())), None)
+        if match is None or len(spans) == _MOST_RUNS:
+            return None
+        spans.append((match, match + 1))
+    return (dim, spans) if len(spans) > 1 else None
 
 
 def _blocks_of(part: Any, whole: Any, rank: int | None) -> list[tuple[int, int]]:

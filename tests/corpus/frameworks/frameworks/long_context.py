@@ -1,7 +1,8 @@
 """Long-context parallelism: DeepSpeed-Ulysses (each rank holds a block of the sequence and swaps
 it for a block of the heads with an all-to-all around attention) and context parallelism as
 torchtitan / Megatron-core run it without a ring (each rank's queries attend to the all-gathered
-keys and values, under the causal mask's rows of its own block). Our own small equivalents."""
+keys and values, under the causal mask's rows of its own block, or of its two mirrored blocks
+when the sequence is load-balanced). Our own small equivalents."""
 
 from __future__ import annotations
 
@@ -134,6 +135,50 @@ class ContextParallelAttention(nn.Module):
         probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
         out = self.o_proj((probs @ v).transpose(1, 2).reshape(b, rows, HEADS * HEAD_DIM))
         return _gathered_sequence(out, self.world_size, dim=1)
+
+
+def _gathered_mirrored(y: torch.Tensor, world_size: int, dim: int) -> torch.Tensor:
+    """Every rank's [block r; block 2W-1-r] gathered and put back in the sequence's order."""
+    pieces = [torch.empty_like(y) for _ in range(world_size)]
+    dist.all_gather(pieces, y.contiguous())
+    halves = [piece.chunk(2, dim=dim) for piece in pieces]
+    return torch.cat([first for first, _ in halves] + [second for _, second in reversed(halves)], dim=dim)
+
+
+class LoadBalancedContextParallelAttention(nn.Module):
+    """Context parallelism load-balanced for the causal mask (Megatron-core's and Llama 3's
+    layout): the sequence cut in 2W blocks, rank r holding blocks r and 2W-1-r, so every rank has
+    as many visible keys to attend to; keys and values all-gathered back into the sequence's order,
+    the causal mask's rows those of the rank's two blocks."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = ref.q_proj, ref.k_proj, ref.v_proj, ref.o_proj
+        self.rank, self.world_size = rank, world_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        block = s // (2 * self.world_size)
+        first, mirror = self.rank * block, (2 * self.world_size - 1 - self.rank) * block
+        mine = torch.cat([x[:, first : first + block], x[:, mirror : mirror + block]], dim=1)
+        rows = mine.shape[1]
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, rows, HEADS, HEAD_DIM).transpose(1, 2)
+
+        q = heads(self.q_proj(mine))
+        k = _gathered_mirrored(heads(self.k_proj(mine)), self.world_size, dim=2)
+        v = _gathered_mirrored(heads(self.v_proj(mine)), self.world_size, dim=2)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+        positions = torch.cat([torch.arange(first, first + block), torch.arange(mirror, mirror + block)])
+        visible = torch.arange(s)[None, :] <= positions[:, None]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        out = self.o_proj((probs @ v).transpose(1, 2).reshape(b, rows, HEADS * HEAD_DIM))
+        return _gathered_mirrored(out, self.world_size, dim=1)
+
+
+def load_balanced_context_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return LoadBalancedContextParallelAttention(ref, rank, world_size)
 
 
 def ulysses_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:

@@ -410,6 +410,27 @@ def mlp() -> MLP:
     return MLP()
 
 
+class ShortConvMixer(nn.Module):
+    """Mamba's mixer without the scan: the input projected to [x; z], a causal depthwise conv1d over
+    the sequence on x (kernel 4, padded 3 and cut back to the sequence), the gate silu(z), the
+    output projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_proj = nn.Linear(HIDDEN, 2 * FFN, bias=False)
+        self.conv1d = nn.Conv1d(FFN, FFN, kernel_size=4, groups=FFN, padding=3)
+        self.out_proj = nn.Linear(FFN, HIDDEN, bias=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x, z = self.in_proj(hidden).chunk(2, dim=-1)
+        x = self.conv1d(x.transpose(1, 2))[..., : hidden.shape[1]].transpose(1, 2)
+        return self.out_proj(F.silu(x) * F.silu(z))
+
+
+def short_conv_mixer() -> ShortConvMixer:
+    return ShortConvMixer()
+
+
 def odd_mlp() -> MLP:
     return MLP(ffn=ODD_FFN)
 

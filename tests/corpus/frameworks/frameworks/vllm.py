@@ -177,3 +177,38 @@ class ParallelResidualReduceOnce(nn.Module):
 
 def parallel_residual(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ParallelResidualReduceOnce(ref, rank, world_size)
+
+
+class MambaMixerShards(nn.Module):
+    """vLLM's MambaMixer under tensor parallelism: `in_proj` a MergedColumnParallelLinear (the
+    rank's block of x and its block of z in one weight), the depthwise conv1d's weight (viewed as
+    [channels, kernel]) and bias a ColumnParallelLinear's (the rank's channels), `out_proj` a
+    RowParallelLinear; the convolution runs on the rank's channels alone."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        x_part, z_part = ref.in_proj.weight.chunk(2, dim=0)
+        shard = x_part.shape[0] // world_size
+        self.in_proj = nn.Parameter(torch.zeros(2 * shard, x_part.shape[1]))
+        self.conv_weight = nn.Parameter(torch.zeros(shard, ref.conv1d.weight.shape[-1]))
+        self.conv_bias = nn.Parameter(torch.zeros(shard))
+        self.out_proj = nn.Parameter(torch.zeros(ref.out_proj.weight.shape[0], shard))
+        with torch.no_grad():
+            for index, part in enumerate((x_part, z_part)):
+                self.in_proj[index * shard : (index + 1) * shard].copy_(part.narrow(0, rank * shard, shard))
+            filters = ref.conv1d.weight.view(-1, ref.conv1d.weight.shape[-1])
+            self.conv_weight.copy_(filters.narrow(0, rank * shard, shard))
+            self.conv_bias.copy_(ref.conv1d.bias.narrow(0, rank * shard, shard))
+            self.out_proj.copy_(ref.out_proj.weight.narrow(1, rank * shard, shard))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x, z = F.linear(hidden, self.in_proj).chunk(2, dim=-1)
+        channels, width = self.conv_weight.shape
+        weight = self.conv_weight.view(channels, 1, width)
+        x = F.conv1d(x.transpose(1, 2), weight, self.conv_bias, padding=width - 1, groups=channels)
+        x = x[..., : hidden.shape[1]].transpose(1, 2)
+        return tensor_model_parallel_all_reduce(F.linear(F.silu(x) * F.silu(z), self.out_proj))
+
+
+def mamba_mixer(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return MambaMixerShards(ref, rank, world_size)
