@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .models import HEAD_DIM, SEQ
+from .models import HEAD_DIM, LABEL_SMOOTHING, SEQ
 
 
 def _reduce(x: torch.Tensor) -> torch.Tensor:
@@ -310,3 +310,32 @@ class SequenceParallelVocabEmbedding(nn.Module):
 
 def sequence_parallel_embedding(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return SequenceParallelVocabEmbedding(ref, rank, world_size)
+
+
+def smoothed_vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Megatron's vocab-parallel cross entropy with label smoothing: (1 - eps) times the loss plus
+    eps times the mean over the vocabulary of -log_softmax, that mean from the all-reduced sum of
+    the shifted logits."""
+    loss = vocab_parallel_cross_entropy(logits, target)
+    logits_max = logits.max(dim=-1)[0]
+    dist.all_reduce(logits_max, op=dist.ReduceOp.MAX)
+    shifted = logits - logits_max.unsqueeze(-1)
+    sum_exp = shifted.exp().sum(dim=-1)
+    dist.all_reduce(sum_exp)
+    sum_shifted = shifted.sum(dim=-1)
+    dist.all_reduce(sum_shifted)
+    mean_negative_log_probs = torch.log(sum_exp) - sum_shifted / vocab
+    return (1 - LABEL_SMOOTHING) * loss + LABEL_SMOOTHING * mean_negative_log_probs
+
+
+class SmoothedVocabParallelLoss(VocabParallelLoss):
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__(ref, rank, world_size)
+        self.vocab = ref.lm_head.weight.shape[0]
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return smoothed_vocab_parallel_cross_entropy(F.linear(x, self.weight), targets, self.vocab).mean()
+
+
+def smoothed_cross_entropy(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return SmoothedVocabParallelLoss(ref, rank, world_size)

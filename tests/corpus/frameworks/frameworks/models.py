@@ -410,6 +410,65 @@ def mlp() -> MLP:
     return MLP()
 
 
+LORA_RANK = 4
+LABEL_SMOOTHING = 0.1
+
+
+class LoRAMLP(MLP):
+    """The MLP with a LoRA adapter on each linear (A then B, added to the base output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up_lora_a = nn.Linear(HIDDEN, LORA_RANK, bias=False)
+        self.up_lora_b = nn.Linear(LORA_RANK, FFN, bias=False)
+        self.down_lora_a = nn.Linear(FFN, LORA_RANK, bias=False)
+        self.down_lora_b = nn.Linear(LORA_RANK, HIDDEN, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.up(x) + self.up_lora_b(self.up_lora_a(x)))
+        return self.down(h) + self.down_lora_b(self.down_lora_a(h))
+
+
+class Int8MLP(nn.Module):
+    """Weights stored as int8 with one float scale per output channel, dequantized in the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("up_q", torch.randint(-127, 128, (FFN, HIDDEN), dtype=torch.int8))
+        self.up_scale = nn.Parameter(torch.rand(FFN) / 64)
+        self.register_buffer("down_q", torch.randint(-127, 128, (HIDDEN, FFN), dtype=torch.int8))
+        self.down_scale = nn.Parameter(torch.rand(HIDDEN) / 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.up_q.to(x.dtype) * self.up_scale[:, None]
+        down = self.down_q.to(x.dtype) * self.down_scale[:, None]
+        return F.linear(F.gelu(F.linear(x, up)), down)
+
+
+class SmoothedLMHeadLoss(LMHead):
+    """The LM head's mean cross entropy with label smoothing."""
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        logits = self.lm_head(x)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), label_smoothing=LABEL_SMOOTHING)
+
+
+def lora_mlp() -> LoRAMLP:
+    return LoRAMLP()
+
+
+def int8_mlp() -> Int8MLP:
+    return Int8MLP()
+
+
+def smoothed_lm_head_loss() -> SmoothedLMHeadLoss:
+    return SmoothedLMHeadLoss()
+
+
+def batch_of_four() -> tuple[torch.Tensor]:
+    return (torch.randn(4, SEQ, HIDDEN),)
+
+
 class ShortConvMixer(nn.Module):
     """Mamba's mixer without the scan: the input projected to [x; z], a causal depthwise conv1d over
     the sequence on x (kernel 4, padded 3 and cut back to the sequence), the gate silu(z), the

@@ -207,3 +207,44 @@ class HiddenShardedEmbedding(nn.Module):
 
 def hidden_sharded_embedding(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return HiddenShardedEmbedding(ref, rank, world_size)
+
+
+def _gathered_parameter(shard: torch.Tensor, shape: torch.Size, world_size: int) -> torch.Tensor:
+    """A ZeRO-3 / FSDP parameter: every rank's flat shard all-gathered, the padding cut off, viewed
+    back to the parameter's shape."""
+    full = torch.empty(shard.numel() * world_size, dtype=shard.dtype, device=shard.device)
+    dist.all_gather_into_tensor(full, shard)
+    return full[: shape.numel()].view(shape)
+
+
+class ZeroStage3MLP(nn.Module):
+    """DeepSpeed ZeRO-3 (FSDP's flat parameters): every parameter flattened, padded to a multiple
+    of the world size and split evenly over the ranks; each forward gathers the parameters it
+    uses and runs the whole MLP on the rank's block of the batch; the outputs are gathered."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.rank, self.world_size = rank, world_size
+        self.shapes: dict[str, torch.Size] = {}
+        for name, parameter in ref.named_parameters():
+            flat = parameter.detach().flatten()
+            flat = torch.cat([flat, flat.new_zeros(-flat.numel() % world_size)])
+            key = name.replace(".", "_")
+            self.shapes[key] = parameter.shape
+            self.register_parameter(key, nn.Parameter(flat.chunk(world_size)[rank].clone()))
+
+    def gathered(self, key: str) -> torch.Tensor:
+        return _gathered_parameter(getattr(self, key), self.shapes[key], self.world_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0] // self.world_size
+        mine = x[self.rank * rows : (self.rank + 1) * rows]
+        hidden = F.gelu(F.linear(mine, self.gathered("up_weight"), self.gathered("up_bias")))
+        out = F.linear(hidden, self.gathered("down_weight"), self.gathered("down_bias"))
+        pieces = [torch.empty_like(out) for _ in range(self.world_size)]
+        dist.all_gather(pieces, out.contiguous())
+        return torch.cat(pieces, dim=0)
+
+
+def zero_stage3_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ZeroStage3MLP(ref, rank, world_size)

@@ -212,3 +212,54 @@ class MambaMixerShards(nn.Module):
 
 def mamba_mixer(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return MambaMixerShards(ref, rank, world_size)
+
+
+class LoRATensorParallelMLP(nn.Module):
+    """vLLM's LoRA layers: on the column-parallel `up`, LoRA A whole and B cut like the base's
+    rows (each rank adds its block of B's output); on the row-parallel `down`, LoRA A cut like the
+    base's columns, its (partial) output all-reduced before B, whole, is applied and added to the
+    reduced base output."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.up_w = nn.Parameter(ref.up.weight.chunk(world_size)[rank].clone())
+        self.up_b = nn.Parameter(ref.up.bias.chunk(world_size)[rank].clone())
+        self.up_lora_a = nn.Parameter(ref.up_lora_a.weight.clone())
+        self.up_lora_b = nn.Parameter(ref.up_lora_b.weight.chunk(world_size)[rank].clone())
+        self.down_w = nn.Parameter(ref.down.weight.chunk(world_size, dim=1)[rank].clone())
+        self.down_b = nn.Parameter(ref.down.bias.clone())
+        self.down_lora_a = nn.Parameter(ref.down_lora_a.weight.chunk(world_size, dim=1)[rank].clone())
+        self.down_lora_b = nn.Parameter(ref.down_lora_b.weight.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lora_up = F.linear(F.linear(x, self.up_lora_a), self.up_lora_b)
+        h = F.gelu(F.linear(x, self.up_w, self.up_b) + lora_up)
+        shrunk = tensor_model_parallel_all_reduce(F.linear(h, self.down_lora_a))
+        out = tensor_model_parallel_all_reduce(F.linear(h, self.down_w))
+        return out + self.down_b + F.linear(shrunk, self.down_lora_b)
+
+
+def lora_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return LoRATensorParallelMLP(ref, rank, world_size)
+
+
+class Int8TensorParallelMLP(nn.Module):
+    """Weight-only int8 quantization under tensor parallelism (vLLM's per-channel scheme): the
+    int8 weights cut like the float ones, the column-parallel layer's scales cut with its rows,
+    the row-parallel layer's scales whole; dequantized on the rank, partial sums all-reduced."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.register_buffer("up_q", ref.up_q.chunk(world_size)[rank].clone())
+        self.up_scale = nn.Parameter(ref.up_scale.chunk(world_size)[rank].clone())
+        self.register_buffer("down_q", ref.down_q.chunk(world_size, dim=1)[rank].clone())
+        self.down_scale = nn.Parameter(ref.down_scale.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.up_q.to(x.dtype) * self.up_scale[:, None]
+        down = self.down_q.to(x.dtype) * self.down_scale[:, None]
+        return tensor_model_parallel_all_reduce(F.linear(F.gelu(F.linear(x, up)), down))
+
+
+def int8_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return Int8TensorParallelMLP(ref, rank, world_size)
