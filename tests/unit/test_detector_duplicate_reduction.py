@@ -62,3 +62,12 @@ def test_an_average_a_max_or_a_group_of_one_does_not_multiply() -> None:
     assert duplicate_reduction(_kit(op="avg").context()) is None
     assert duplicate_reduction(_kit(op="max").context()) is None
     assert duplicate_reduction(_kit(group=(0,)).context()) is None
+
+
+def test_an_all_reduce_where_another_rank_adds_something_else_is_not_a_duplicate() -> None:
+    """Expert parallelism: rank 0's sum over its experts equals the reference's running sum after
+    the same experts (a complete reference value), rank 1 adds the other experts' outputs."""
+    kit = _kit()
+    kit.facts.classes.pop("rank1/h")
+    kit.cls("rank1/h")  # rank 1's value is another one
+    assert duplicate_reduction(kit.context()) is None

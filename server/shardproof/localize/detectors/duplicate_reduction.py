@@ -26,6 +26,8 @@ def duplicate_reduction(ctx: Context) -> Discrepancy | None:
                 continue
             if out_c is not None and ctx.index.has_reference_member(out_c):
                 continue
+            if not _held_alike(ctx, node, c):
+                continue  # another rank adds something else: its own part (an expert-parallel partial sum)
             ref_value = ctx.index.reference_values(c)[0]
             ref_node = ctx.ref_nodes.get(ref_value)
             producer = ctx.rank_node(rank, source)
@@ -57,6 +59,23 @@ def duplicate_reduction(ctx: Context) -> Discrepancy | None:
                 },
             )
     return None
+
+
+def _held_alike(ctx: Context, node: Node, c: int) -> bool:
+    """Whether every rank of the all-reduce's group that makes the same call adds the same value
+    (e-class `c`): then the sum is that value times the group size. A rank whose call adds another
+    value (the reference's running sum over some experts on one rank, the rest on another) is
+    not reducing a complete value twice."""
+    assert node.collective is not None
+    for member in node.collective.group:
+        if member >= len(ctx.ev.ranks):
+            continue
+        same_call = ctx.rank_node(member, node.id)
+        if same_call is None or same_call.op != "all_reduce" or not same_call.inputs:
+            continue  # the call is written differently there: nothing to compare
+        if ctx.index.class_of(ctx.ev.ranks[member].name, same_call.inputs[0]) != c:
+            return False
+    return True
 
 
 def _duplicate_picture(ctx: Context, rank: int, ref_value: str, source: str, reduction: Node) -> dict[str, Any]:
