@@ -30,15 +30,7 @@ SIZES = {check["name"]: check["world-sizes"] for check in checks(CORPUS)}
 # Cases shardproof does not report at their exact line today (name -> where it reports them and
 # with what verdict). Each is an xfail(strict): a case that becomes exact fails until it is taken
 # off this list, so the list only shrinks.
-KNOWN_MISSES: dict[str, str] = {
-    "expert-gate-local-index": (
-        "the first value a rank does not relate is the reference's first expert, which another rank "
-        "runs by design; the report lands one line late, where the rank applies its own expert to the "
-        "gate (its weights named as the wrong ones), not at the comparison with the local index. Telling "
-        "work another rank does by design from a rank's mistake needs more than the relations show: "
-        "a fused weight cut as one block looks the same (rank 0 holds all of gate, rank 1 all of up)"
-    ),
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 _RESULTS: dict[str, object] = {}
 

@@ -286,6 +286,7 @@ class Context(Blame, Pictures, Plans):
             unrelated = {n.id for n in self.reference.nodes if not any(self.index.related(n.id, r) for r in everywhere)}
         else:
             unrelated = {n.id for n in self.reference.nodes if not self.index.related(n.id, rank)}
+            unrelated -= self._computed_elsewhere(rank, unrelated)
         harmful = _back_from(
             [o for o in failing_ids if o in unrelated], self.ref_nodes, lambda value: value in unrelated
         )
@@ -293,6 +294,57 @@ class Context(Blame, Pictures, Plans):
             if node.id in harmful and not any(i in harmful for i in node.inputs):
                 return node.id
         return None
+
+    def _computed_elsewhere(self, rank: int, unrelated: set[str]) -> set[str]:
+        """Reference values this rank does not compute by design (expert parallelism: rank 1 runs
+        expert 2 where the reference's first expert is rank 0's): another rank computes the value
+        and combines it as the reference does (`_combined_on`), and this rank's operation in its
+        place computes another reference value; and the values another rank computes from such
+        values alone (with what this rank does relate). Not broken here: the rank's own mistake is
+        elsewhere. A fused weight cut as one block differs: there the rank that holds the value
+        does not combine it right (gate and up each whole on one rank, their product on none)."""
+        others = [r for r in range(len(self.ev.ranks)) if r != rank]
+        consumers = self.reference.consumers()
+        elsewhere: set[str] = set()
+        for node in self.reference.nodes:
+            if node.id not in unrelated:
+                continue
+            holders = [r for r in others if self._combined_on(node.id, r, consumers)]
+            if not holders:
+                continue  # a value no rank computes and combines right is broken wherever it is needed
+            missing = [i for i in node.inputs if i in unrelated]
+            if missing and all(i in elsewhere for i in missing):
+                elsewhere.add(node.id)
+                continue
+            counterpart = self.aligned(node, rank)
+            if counterpart is not None and self.is_related(rank, counterpart.id):
+                elsewhere.add(node.id)
+        return elsewhere
+
+    def _combined_on(self, value: str, rank: int, consumers: dict[str, list[str]]) -> bool:
+        """Whether `rank` relates `value` and carries it, through operations of it alone, to the
+        reference's first combination of it with another value, related there too (or to an
+        output)."""
+        outputs = set(self.reference.outputs)
+        current = value
+        for _ in range(64):
+            if not self.index.related(current, rank):
+                return False
+            if current in outputs:
+                return True
+            following = consumers.get(current, [])
+            combined = [c for c in following if len(set(self.ref_nodes[c].inputs)) > 1]
+            if combined:
+                if all(self.index.related(c, rank) for c in combined):
+                    return True
+                # or the rank hands its value to a reduction over the ranks, which does the
+                # combining (an expert-parallel rank's sum over its own experts)
+                held = [v for _, values in self.index.relations(current, rank) for v in values]
+                return any(self.downstream_all_reduce(rank, v) is not None for v in held)
+            if len(following) != 1:
+                return bool(following) and all(self.index.related(c, rank) for c in following)
+            current = following[0]
+        return False
 
     def first_broken_alone(self, rank: int, failing_ids: list[str]) -> str | None:
         """The first value the failing outputs depend on that `rank` does not compute though another

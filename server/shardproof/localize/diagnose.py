@@ -3,7 +3,10 @@
 After saturation every reference value either has relations to each rank's values or not. A
 reference value is *broken* on a rank when it has none and every path from it to a failing
 output runs through values that have none either; the topologically first broken value is the
-point where the parallel program stops computing the reference's function. Detectors then ask
+point where the parallel program stops computing the reference's function. A value another rank
+computes by design (an expert another rank owns: that rank relates it and combines it, and this
+rank's operation in its place computes another reference value) is not broken on this rank
+(`Context._computed_elsewhere`). Detectors then ask
 why, using only the proven relations, the rank graphs and the parameter provenance. They are
 tried in this order, and the first that applies gives the report:
 
