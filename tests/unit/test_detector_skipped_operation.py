@@ -6,7 +6,7 @@ rank's call that makes the input. A selection left out (a shard question) is not
 
 from __future__ import annotations
 
-from evidence_kit import PARALLEL_FILE, Kit, at
+from evidence_kit import PARALLEL_FILE, Kit, Program, at
 
 from shardproof.localize.detectors.skipped_operation import skipped_operation
 
@@ -30,21 +30,26 @@ def _block(kit: Kit) -> None:
         kit.equal("b", f"rank{r}/b")
 
 
-def _find(kit: Kit, ref_value: str, rank: int = 0):
-    ctx = kit.context()
-    return skipped_operation(ctx, ctx.ref_nodes[ref_value], rank)
-
-
-def test_a_residual_left_out_is_reported_where_the_rank_returns_the_value() -> None:
+def _find(steps, ref_value: str, equal: tuple[str, ...] = ("lin",)):
+    """The detector at `ref_value` on rank 0, every rank running `steps(rank)` after the reference
+    of `_block`; the rank values named in `equal` are the reference's values of that name."""
     kit = Kit()
     _block(kit)
     for r, rank in kit.each_rank():
+        steps(rank)
+        for name in equal:
+            kit.equal(name, f"rank{r}/{name}")
+    ctx = kit.context()
+    return skipped_operation(ctx, ctx.ref_nodes[ref_value], 0)
+
+
+def test_a_residual_left_out_is_reported_where_the_rank_returns_the_value() -> None:
+    def steps(rank: Program) -> None:
         rank.op("lin", "linear", "x", "w", out=SHAPE, line=40)
         rank.op("lb", "binary", "lin", "b", out=SHAPE, line=41, fn="add")
         rank.output("lb")
-        kit.equal("lin", f"rank{r}/lin")
-        kit.equal("lb", f"rank{r}/lb")
-    found = _find(kit, "y")
+
+    found = _find(steps, "y", equal=("lin", "lb"))
     assert found is not None and found.kind == "skipped-operation"
     assert at(found) == (PARALLEL_FILE, 41)
     assert found.message == (
@@ -54,28 +59,24 @@ def test_a_residual_left_out_is_reported_where_the_rank_returns_the_value() -> N
 
 
 def test_a_bias_left_out_is_reported_where_the_next_operation_reads_the_value_in_either_order() -> None:
-    kit = Kit()
-    _block(kit)
-    for r, rank in kit.each_rank():
+    def steps(rank: Program) -> None:
         rank.op("partial", "linear", "x", "w", out=SHAPE, line=40)
         rank.all_reduce("lin", "partial", out=SHAPE, line=41)
         rank.op("y", "binary", "lin", "x", out=SHAPE, line=42, fn="add")  # the operands swapped
         rank.output("y")
-        kit.equal("lin", f"rank{r}/lin")
-    found = _find(kit, "lb")
+
+    found = _find(steps, "lb")
     assert found is not None and at(found) == (PARALLEL_FILE, 42)
     assert found.message.startswith("rank 0 applies the add to the output of linear down, where the reference")
 
 
 def test_a_bias_the_rank_s_own_linear_leaves_out_is_reported_at_that_linear() -> None:
-    kit = Kit()
-    _block(kit)
-    for r, rank in kit.each_rank():
+    def steps(rank: Program) -> None:
         rank.op("lin", "linear", "x", "w", out=SHAPE, line=40)
         rank.op("y", "binary", "x", "lin", out=SHAPE, line=42, fn="add")
         rank.output("y")
-        kit.equal("lin", f"rank{r}/lin")
-    found = _find(kit, "lb")
+
+    found = _find(steps, "lb")
     assert found is not None and at(found) == (PARALLEL_FILE, 40)
     assert "with its linear, where the reference's call also applies the add" in found.message
 
@@ -91,4 +92,5 @@ def test_a_selection_left_out_is_not_a_skipped_operation() -> None:
         rank.op("y", "unary", "gate", out=(2, 8, 8), line=41, fn="silu")
         rank.output("y")
         kit.sel("x", f"rank{r}/gate", -1, (8, 16))
-    assert _find(kit, "gate") is None
+    ctx = kit.context()
+    assert skipped_operation(ctx, ctx.ref_nodes["gate"], 0) is None

@@ -117,24 +117,33 @@ class ContextParallelAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = ref.q_proj, ref.k_proj, ref.v_proj, ref.o_proj
         self.rank, self.world_size = rank, world_size
 
+    def blocks(self, length: int) -> list[tuple[int, int]]:
+        """The rank's blocks of the sequence, [start, end) each."""
+        rows = length // self.world_size
+        return [(self.rank * rows, (self.rank + 1) * rows)]
+
+    def gathered(self, y: torch.Tensor, dim: int) -> torch.Tensor:
+        """Every rank's rows gathered back into the sequence's order."""
+        return _gathered_sequence(y, self.world_size, dim=dim)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        rows = s // self.world_size
-        offset = self.rank * rows
-        mine = x[:, offset : offset + rows]
+        blocks = self.blocks(s)
+        mine = torch.cat([x[:, start:end] for start, end in blocks], dim=1)
+        positions = torch.cat([torch.arange(start, end) for start, end in blocks])
+        rows = mine.shape[1]
 
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(b, rows, HEADS, HEAD_DIM).transpose(1, 2)
 
         q = heads(self.q_proj(mine))
-        k = _gathered_sequence(heads(self.k_proj(mine)), self.world_size, dim=2)
-        v = _gathered_sequence(heads(self.v_proj(mine)), self.world_size, dim=2)
+        k = self.gathered(heads(self.k_proj(mine)), dim=2)
+        v = self.gathered(heads(self.v_proj(mine)), dim=2)
         scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
-        positions = torch.arange(rows)[:, None] + offset
-        visible = torch.arange(s)[None, :] <= positions
+        visible = torch.arange(s)[None, :] <= positions[:, None]
         probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
         out = self.o_proj((probs @ v).transpose(1, 2).reshape(b, rows, HEADS * HEAD_DIM))
-        return _gathered_sequence(out, self.world_size, dim=1)
+        return self.gathered(out, dim=1)
 
 
 def _gathered_mirrored(y: torch.Tensor, world_size: int, dim: int) -> torch.Tensor:
@@ -145,36 +154,19 @@ def _gathered_mirrored(y: torch.Tensor, world_size: int, dim: int) -> torch.Tens
     return torch.cat([first for first, _ in halves] + [second for _, second in reversed(halves)], dim=dim)
 
 
-class LoadBalancedContextParallelAttention(nn.Module):
+class LoadBalancedContextParallelAttention(ContextParallelAttention):
     """Context parallelism load-balanced for the causal mask (Megatron-core's and Llama 3's
     layout): the sequence cut in 2W blocks, rank r holding blocks r and 2W-1-r, so every rank has
     as many visible keys to attend to; keys and values all-gathered back into the sequence's order,
     the causal mask's rows those of the rank's two blocks."""
 
-    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
-        super().__init__()
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = ref.q_proj, ref.k_proj, ref.v_proj, ref.o_proj
-        self.rank, self.world_size = rank, world_size
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        block = s // (2 * self.world_size)
+    def blocks(self, length: int) -> list[tuple[int, int]]:
+        block = length // (2 * self.world_size)
         first, mirror = self.rank * block, (2 * self.world_size - 1 - self.rank) * block
-        mine = torch.cat([x[:, first : first + block], x[:, mirror : mirror + block]], dim=1)
-        rows = mine.shape[1]
+        return [(first, first + block), (mirror, mirror + block)]
 
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, rows, HEADS, HEAD_DIM).transpose(1, 2)
-
-        q = heads(self.q_proj(mine))
-        k = _gathered_mirrored(heads(self.k_proj(mine)), self.world_size, dim=2)
-        v = _gathered_mirrored(heads(self.v_proj(mine)), self.world_size, dim=2)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
-        positions = torch.cat([torch.arange(first, first + block), torch.arange(mirror, mirror + block)])
-        visible = torch.arange(s)[None, :] <= positions[:, None]
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
-        out = self.o_proj((probs @ v).transpose(1, 2).reshape(b, rows, HEADS * HEAD_DIM))
-        return _gathered_mirrored(out, self.world_size, dim=1)
+    def gathered(self, y: torch.Tensor, dim: int) -> torch.Tensor:
+        return _gathered_mirrored(y, self.world_size, dim=dim)
 
 
 def load_balanced_context_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
