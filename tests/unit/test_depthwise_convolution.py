@@ -1,64 +1,76 @@
-"""A depthwise convolution written out as what it computes (capture/decompose.py
-`_depthwise_convolution`): the same function as torch's convolution, captured as a padding, one
-window per kernel position times that position's weights and a sum, which the rules follow on a
-block of channels. Every other convolution stays one operation."""
+"""A depthwise convolution (one filter per channel) is captured as one operation of its own,
+`shardproof::depthwise_convolution`, without the group count (the number of channels), so that a
+rank convolving its block of the channels runs the reference's operation on fewer channels; the
+rule `depthwise-convolution-of-channel-blocks` relates the two (checked on concrete tensors by the
+rule checks). Any other convolution stays torch's. Its meaning in the rule checker is torch's
+convolution with one group per channel."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from torch import nn
 
-from shardproof.capture.decompose import _depthwise_convolution
 from shardproof.capture.normalize import to_graph
+from shardproof.rulecheck.meaning import _generic
+
+KEY = "shardproof::depthwise_convolution#0"
 
 
-@pytest.mark.parametrize(
-    ("shape", "kernel", "padding", "dilation", "bias"),
-    [
-        ((2, 6, 9), (4,), [3], [1], True),  # Mamba's causal conv1d (the extra length cut off after)
-        ((2, 6, 9), (3,), [0], [2], False),
-        ((1, 4, 7, 5), (3, 3), [1, 1], [1, 1], True),  # ConvNeXt-style 2-D
-        ((1, 4, 7, 5), (2, 3), [0, 2], [2, 1], False),
-    ],
-)
-def test_the_written_out_convolution_is_torch_s(shape, kernel, padding, dilation, bias) -> None:
-    generator = torch.Generator().manual_seed(0)
-    channels = shape[1]
-    x = torch.randn(shape, generator=generator, dtype=torch.float64)
-    weight = torch.randn((channels, 1, *kernel), generator=generator, dtype=torch.float64)
-    b = torch.randn(channels, generator=generator, dtype=torch.float64) if bias else None
-    ones, zeros = [1] * len(kernel), [0] * len(kernel)
-    expected = torch.ops.aten.convolution(x, weight, b, ones, padding, dilation, False, zeros, channels)
-    found = _depthwise_convolution(x, weight, b, ones, padding, dilation, False, zeros, channels)
-    assert torch.allclose(found, expected)
-
-
-@pytest.mark.parametrize(
-    ("groups", "out_channels", "stride"),
-    [(1, 6, 1), (3, 6, 1), (6, 12, 1), (6, 6, 2)],  # dense, grouped, a channel multiplier, strided
-)
-def test_any_other_convolution_is_not_written_out(groups, out_channels, stride) -> None:
-    x = torch.randn(2, 6, 9)
-    weight = torch.randn(out_channels, 6 // groups, 3)
-    with pytest.raises(NotImplementedError):
-        _depthwise_convolution(x, weight, None, [stride], [1], [1], False, [0], groups)
-
-
-def test_a_depthwise_conv1d_is_captured_as_windows_times_weights() -> None:
-    class Conv(nn.Module):
+def _graph(conv: nn.Module, shape: tuple[int, ...]):
+    class Call(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.conv = nn.Conv1d(8, 8, kernel_size=4, groups=8, padding=3)
+            self.conv = conv
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.conv(x)
 
-    with torch.device("meta"):
-        module = Conv()
-    program = torch.export.export(module, (torch.randn(2, 8, 16, device="meta"),), strict=False)
-    graph = to_graph(program, "reference", None, 1, None)
-    ops = [n.op for n in graph.nodes]
-    assert "generic" not in ops
-    assert [n.attrs["fn"] for n in graph.nodes if n.op == "binary"].count("mul") == 4
-    assert graph.meta_of(graph.outputs[0]).shape == (2, 8, 19)  # 16 + 2 * 3 - (4 - 1)
+    program = torch.export.export(Call().to("meta"), (torch.randn(shape, device="meta"),), strict=False)
+    return to_graph(program, "reference", None, 1, None)
+
+
+@pytest.mark.parametrize(
+    ("conv", "shape", "args"),
+    [
+        (nn.Conv1d(8, 8, kernel_size=4, groups=8, padding=3), (2, 8, 16), [[1], [3], [1]]),  # Mamba's
+        (
+            nn.Conv2d(4, 4, kernel_size=3, groups=4, padding=1, dilation=2, bias=False),
+            (1, 4, 7, 7),
+            [[1, 1], [1, 1], [2, 2]],
+        ),
+    ],
+)
+def test_a_depthwise_convolution_is_one_operation_without_its_group_count(conv, shape, args) -> None:
+    graph = _graph(conv, shape)
+    (call,) = [n for n in graph.nodes if n.op == "generic"]
+    assert call.attrs["target"] == "shardproof::depthwise_convolution" and call.attrs["args"] == args
+    assert len(call.inputs) == (3 if conv.bias is not None else 2)
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        nn.Conv1d(6, 6, 3),
+        nn.Conv1d(6, 6, 3, groups=3),
+        nn.Conv1d(6, 12, 3, groups=6),
+        nn.ConvTranspose1d(6, 6, 3, groups=6),
+    ],
+)
+def test_any_other_convolution_stays_torch_s(conv) -> None:
+    graph = _graph(conv, (2, 6, 9))
+    assert all(n.attrs.get("target") != "shardproof::depthwise_convolution" for n in graph.nodes)
+
+
+def test_its_meaning_is_torch_s_convolution_with_one_group_per_channel() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 9, generator=generator, dtype=torch.float64)
+    weight = torch.randn(5, 1, 3, generator=generator, dtype=torch.float64)
+    bias = torch.randn(5, generator=generator, dtype=torch.float64)
+    expected = torch.nn.functional.conv1d(x, weight, bias, 2, 1, 1, groups=5)
+    assert torch.allclose(_generic(KEY, [x, weight, bias], json.dumps([[2], [1], [1]])), expected)
+    # the law on concrete tensors: a block of the channels of input, filters and bias
+    block = _generic(KEY, [x[:, 1:4], weight[1:4], bias[1:4]], json.dumps([[2], [1], [1]]))
+    assert torch.allclose(block, expected[:, 1:4])

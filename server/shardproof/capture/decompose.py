@@ -22,14 +22,12 @@ are `prims.var`), as the mean of squared deviations (with the correction), which
 and `scaled_dot_product_attention` as its documentation defines it (scores, scale, causal mask,
 softmax, values), the form a program that writes attention out by hand computes: torch's own
 decomposition scales the queries and the keys by the square root of the scale each, and adds the
-mask as a bias (see `_attention`); a depthwise convolution as the sum of its kernel's taps
-(`_depthwise_convolution`; torch keeps every convolution whole).
+mask as a bias (see `_attention`).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import warnings
 from collections.abc import Callable
@@ -105,42 +103,6 @@ def _attention(
     return torch.softmax(scores, dim=-1).masked_fill(no_key, 0.0) @ value
 
 
-def _depthwise_convolution(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    transposed: bool,
-    output_padding: list[int],
-    groups: int,
-) -> torch.Tensor:
-    """A depthwise convolution (one group per channel, one filter each, stride 1: Mamba's conv1d,
-    ConvNeXt's 7x7) as what it computes: the input zero-padded, and for every position of the
-    kernel the window it reads times that position's weight of each channel, added up with the
-    bias. Each channel then meets its own weights in operations the rules follow on channel
-    blocks (a rank holding a block of the channels and of the filters computes that block of the
-    output). Any other convolution stays one operation."""
-    channels, spatial = input.size(1), input.dim() - 2
-    depthwise = groups == channels and weight.size(0) == channels and weight.size(1) == 1
-    if transposed or not depthwise or any(s != 1 for s in stride) or spatial not in (1, 2):
-        raise NotImplementedError("only a depthwise convolution of stride 1 is written out")
-    padded = torch.nn.functional.pad(input, [p for size in reversed(padding) for p in (size, size)])
-    kernel = weight.shape[2:]
-    lengths = [padded.size(2 + d) - dilation[d] * (kernel[d] - 1) for d in range(spatial)]
-    out = None
-    for tap in itertools.product(*(range(k) for k in kernel)):
-        window = padded
-        for d, k in enumerate(tap):
-            window = window.narrow(2 + d, k * dilation[d], lengths[d])
-        tap_weight = weight[(slice(None), 0, *tap)].reshape(channels, *([1] * spatial))
-        term = window * tap_weight
-        out = term if out is None else out + term
-    assert out is not None
-    return out if bias is None else out + bias.reshape(channels, *([1] * spatial))
-
-
 @functools.cache
 def _own() -> dict[Any, Callable[..., Any]]:
     aten = torch.ops.aten
@@ -148,7 +110,6 @@ def _own() -> dict[Any, Callable[..., Any]]:
         aten.var.correction: _var,
         aten.var_mean.correction: _var_mean,
         aten.scaled_dot_product_attention.default: _attention,
-        aten.convolution.default: _depthwise_convolution,
     }
 
 

@@ -122,6 +122,30 @@ class FunctionLowering:
         attrs = {"fn": name, "dim": dim, "index": index, "args": rest}
         return self.add(fx, "along", [source], attrs, meta, suffix=suffix)
 
+    def op_convolution(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        """A depthwise convolution (one filter per channel: Mamba's conv1d, ConvNeXt's 7x7) as an
+        operation of its own, `shardproof::depthwise_convolution`, without the group count (it is
+        the number of channels): a rank convolving its block of the channels with its block of
+        the filters is then the same operation as the reference's on fewer channels, and a rule
+        (`depthwise-convolution-of-channel-blocks`) relates the two. Any other convolution stays
+        torch's."""
+        names = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
+        bound = dict(zip(names, args, strict=False)) | kwargs
+        source, weight, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
+        if not isinstance(source, torch.fx.Node) or not isinstance(weight, torch.fx.Node) or bound.get("transposed"):
+            return False
+        channels = self.meta(self.value(source)).shape[1]
+        filters = self.meta(self.value(weight)).shape
+        if bound.get("groups") != channels or filters[0] != channels or filters[1] != 1:
+            return False
+        inputs = [self.value(source), self.value(weight)]
+        if isinstance(bias, torch.fx.Node):
+            inputs.append(self.value(bias))
+        literal = [[int(v) for v in bound.get(key, ())] for key in ("stride", "padding", "dilation")]
+        attrs = {"target": "shardproof::depthwise_convolution", "args": literal, "kwargs": [], "index": 0}
+        self.add(fx, "generic", inputs, attrs, meta)
+        return True
+
     def op_cumsum(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         self.along(fx, "cumsum", args, kwargs, meta)
         return True

@@ -93,7 +93,9 @@ def describe_op(node: Node) -> str:
 def _describe_op(node: Node) -> str:
     fn = _fn(node)
     if node.op == "generic":
-        return str(node.attrs.get("target", "op")).replace("aten::", "")
+        target = str(node.attrs.get("target", "op")).replace("aten::", "")
+        # our own operations by what they are (shardproof::depthwise_convolution: depthwise convolution)
+        return target.removeprefix("shardproof::").replace("_", " ") if target.startswith("shardproof::") else target
     if node.op == "scalar":
         value = node.attrs.get("value")
         if isinstance(value, float) and len(repr(value)) > 10:

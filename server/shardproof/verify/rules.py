@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "41"
+RULE_LIBRARY_VERSION = "42"
 
 
 @dataclass(frozen=True)
@@ -431,6 +431,23 @@ _rule(
     "matmul",
     "batched matmul keeps a common batch selection",
     "(rule ((= Y (Matmul A B)) (= y (Matmul a b)) (sel A a d R) (sel B b d R) (< d -2)) ((sel Y y d R)))",
+)
+_DEPTHWISE = '"shardproof::depthwise_convolution#0"'
+_rule(
+    "depthwise-convolution-of-channel-blocks",
+    "matmul",
+    "a depthwise convolution computes each channel from that channel's input, filter and bias alone: "
+    "a block of the channels of all three gives that block of the output's channels (Mamba's conv1d "
+    "on a rank's channels)",
+    f"(rule ((= Y (Op3 {_DEPTHWISE} X W B a)) (= y (Op3 {_DEPTHWISE} x w b a)) (sel X x dx R) "
+    "(= dx (- 1 (nd X))) (sel W w dw R) (= dw (- 0 (nd W))) (sel B b -1 R)) ((sel Y y dx R)))",
+)
+_rule(
+    "depthwise-convolution-without-bias-of-channel-blocks",
+    "matmul",
+    "the same without a bias",
+    f"(rule ((= Y (Op2 {_DEPTHWISE} X W a)) (= y (Op2 {_DEPTHWISE} x w a)) (sel X x dx R) "
+    "(= dx (- 1 (nd X))) (sel W w dw R) (= dw (- 0 (nd W)))) ((sel Y y dx R)))",
 )
 _rule(
     "matmul-rows",
