@@ -1,0 +1,58 @@
+"""Instances of the law of a depthwise convolution on a block of its channels (verify/rules.py,
+`depthwise-convolution-of-channel-blocks` and its bias-less twin)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .harness import Gen
+from .instances import instance, near_miss
+from .meaning import range_list
+
+
+def _depthwise(g: Gen, bias: bool) -> dict[str, Any]:
+    """A depthwise convolution in one or two spatial dims (stride, padding and dilation drawn), a
+    block of its channels."""
+    spatial = g.int(1, 2)
+    channels = g.int(3, 6)
+    kernel = [g.int(1, 3) for _ in range(spatial)]
+    stride = [g.int(1, 2) for _ in range(spatial)]
+    padding = [g.int(0, 2) for _ in range(spatial)]
+    dilation = [g.int(1, 2) for _ in range(spatial)]
+    x = g.tensor(g.int(1, 2), channels, *[g.int(6, 9) for _ in range(spatial)])
+    bindings = {
+        "X": x,
+        "W": g.tensor(channels, 1, *kernel),
+        "a": json.dumps([stride, padding, dilation]),
+        "R": g.selection(channels),
+        "dx": 1 - x.dim(),
+        "dw": -(2 + spatial),
+    }
+    return bindings | ({"B": g.tensor(channels)} if bias else {})
+
+
+instance("depthwise-convolution-of-channel-blocks")(lambda g: _depthwise(g, True))
+instance("depthwise-convolution-without-bias-of-channel-blocks")(lambda g: _depthwise(g, False))
+
+
+def _depthwise_along_space(g: Gen, bias: bool) -> dict[str, Any]:
+    """The near miss: a two-dim convolution's first row of the input taken where its channels
+    belong (the filters' size-1 dim taken whole, one channel when there is a bias): a convolution
+    mixes neighbouring rows, so the result is no block of the output."""
+    channels = 1 if bias else g.int(2, 4)
+    kernel = [g.int(2, 3), g.int(1, 3)]
+    x = g.tensor(g.int(1, 2), channels, g.int(5, 7), g.int(5, 7))
+    bindings = {
+        "X": x,
+        "W": g.tensor(channels, 1, *kernel),
+        "a": json.dumps([[1, 1], [kernel[0] - 1, g.int(0, 1)], [1, 1]]),  # padded enough for one row
+        "R": range_list([(0, 1)]),
+        "dx": -2,
+        "dw": -3,
+    }
+    return bindings | ({"B": g.tensor(channels)} if bias else {})
+
+
+near_miss("depthwise-convolution-of-channel-blocks")(lambda g: _depthwise_along_space(g, True))
+near_miss("depthwise-convolution-without-bias-of-channel-blocks")(lambda g: _depthwise_along_space(g, False))
