@@ -304,10 +304,13 @@ class Context(Blame, Pictures, Plans):
         elsewhere. A fused weight cut as one block differs: there the rank that holds the value
         does not combine it right (gate and up each whole on one rank, their product on none)."""
         others = [r for r in range(len(self.ev.ranks)) if r != rank]
+        candidates = {v for v in unrelated if any(self.index.related(v, r) for r in others)}
+        if not candidates or len(candidates) > _MOST_ELSEWHERE:
+            return set()  # nothing another rank computes; or too many to align one by one
         consumers = self.reference.consumers()
         elsewhere: set[str] = set()
         for node in self.reference.nodes:
-            if node.id not in unrelated:
+            if node.id not in candidates:
                 continue
             holders = [r for r in others if self._combined_on(node.id, r, consumers)]
             if not holders:
@@ -378,6 +381,11 @@ class Context(Blame, Pictures, Plans):
         roles = self.reference.gradient_roles
         role = roles[index] if index < len(roles) else None
         return role.parameter if role is not None else None
+
+
+# How many values another rank computes are looked at one by one (`_computed_elsewhere` aligns each
+# with the rank's operations: quadratic in the graph); a larger program keeps the plain rule.
+_MOST_ELSEWHERE = 500
 
 
 def _back_from(start: list[str], nodes: dict[str, Node], follows: Callable[[str], bool]) -> set[str]:
