@@ -325,9 +325,12 @@ class Context(Blame, Pictures, Plans):
         return elsewhere
 
     def _combined_on(self, value: str, rank: int, consumers: dict[str, list[str]]) -> bool:
-        """Whether `rank` relates `value` and carries it, through operations of it alone, to the
-        reference's first combination of it with another value, related there too (or to an
-        output)."""
+        """Whether `rank` holds `value` whole and carries it, through operations of it alone, to
+        the reference's first combination of it with another value, related there too (or to an
+        output). Whole: a rank holding a block of a value (tensor parallelism) leaves the other
+        blocks to no one; each rank must compute its own."""
+        if not any(rel.kind == "equal" for rel, _ in self.index.relations(value, rank)):
+            return False
         outputs = set(self.reference.outputs)
         current = value
         for _ in range(64):

@@ -39,6 +39,8 @@ def skipped_operation(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | 
         for k, value in enumerate(consumer.inputs):
             if value != ref_node.id:
                 continue
+            if _applied_to_another(ctx, rank, counterpart, ref_node):
+                continue  # the rank applies the operation, to another operand (swapped, mispaired)
             # the operands of an add or a product may come in either order
             positions = (
                 range(len(counterpart.inputs)) if _commutes(consumer) else [k] if k < len(counterpart.inputs) else []
@@ -48,6 +50,16 @@ def skipped_operation(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | 
                 if found is not None:
                     return found
     return None
+
+
+def _applied_to_another(ctx: Context, rank: int, counterpart: Node, ref_node: Node) -> bool:
+    """Whether an input of the rank's operation is made by the operation the reference applies
+    (the silu applied to up where the reference applies it to gate): nothing is left out."""
+    for value in counterpart.inputs:
+        made = ctx.rank_node(rank, value)
+        if made is not None and made.op == ref_node.op and made.attrs.get("fn") == ref_node.attrs.get("fn"):
+            return True
+    return False
 
 
 def _commutes(node: Node) -> bool:
