@@ -11,7 +11,6 @@ import torch.fx
 
 from ..graph.model import TensorMeta
 from ..relations.expr import norm_dim
-from .folding import MAX_KEPT
 from .lowering_tables import _slice_bounds
 
 
@@ -238,12 +237,7 @@ class MovementLowering:
         block = (*shape[:dim], width, *shape[len(shape) + dim + 1 :])
         zero = {"zero": True} if value == 0 else {}
         key = ("full", block, value, dtype)
-        made = self.constant(fx, key, f"full[{list(block)}, {value}]", TensorMeta(block, dtype), suffix=suffix, **zero)
-        if math.prod(block) <= MAX_KEPT and isinstance(getattr(torch, str(dtype), None), torch.dtype):
-            # its value, so that a rank's narrower block is known to be a block of the reference's
-            # (verify/constant_blocks.py: the padding of a rank's block of channels)
-            self.folded[made] = torch.full(block, value, dtype=getattr(torch, str(dtype)))
-        return made
+        return self.constant(fx, key, f"full[{list(block)}, {value}]", TensorMeta(block, dtype), suffix=suffix, **zero)
 
     def op_repeat(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         """`x.repeat(..)` tiling one dim r times: the concatenation of r copies along it."""
