@@ -69,6 +69,17 @@ def _encoded(encoder: Encoder, graph: Graph) -> dict[str, Any]:
     return {v: value for v, value in graph.constants.items() if (graph.name, v) in encoder.term_of}
 
 
+def _narrower_dim(part: Any, whole: Any) -> int | None:
+    """The one dimension where `part` is narrower than `whole` (same dtype and rank, every other
+    size equal), else None."""
+    if part.dtype != whole.dtype or part.dim() != whole.dim():
+        return None
+    differing = [d for d in range(whole.dim()) if part.shape[d] != whole.shape[d]]
+    if len(differing) != 1 or part.shape[differing[0]] > whole.shape[differing[0]]:
+        return None
+    return differing[0]
+
+
 _MOST_RUNS = 8  # a constant made of more blocks than this is not read as blocks
 
 
@@ -78,12 +89,9 @@ def _runs_of(part: Any, whole: Any) -> tuple[int, list[tuple[int, int]]] | None:
     sequence and its mirror block at the end), each block extended as far as it matches and the
     next one started at the first index that matches; None when it is not (or needs more than
     `_MOST_RUNS` blocks)."""
-    if part.dtype != whole.dtype or part.dim() != whole.dim():
+    dim = _narrower_dim(part, whole)
+    if dim is None:
         return None
-    differing = [d for d in range(whole.dim()) if part.shape[d] != whole.shape[d]]
-    if len(differing) != 1 or part.shape[differing[0]] > whole.shape[differing[0]]:
-        return None
-    (dim,) = differing
     spans: list[tuple[int, int]] = []
     for index in range(part.shape[dim]):
         row = part.narrow(dim, index, 1)
@@ -101,12 +109,9 @@ def _blocks_of(part: Any, whole: Any, rank: int | None) -> list[tuple[int, int]]
     """(dim, start) where `part` is `whole.narrow(dim, start, len)`, in exactly one dimension:
     the rank's own block (start = rank * len) if it is one, and the first other (a constant with
     equal blocks is each of them; both are true, and the rank's own is the one a proof needs)."""
-    if part.dtype != whole.dtype or part.dim() != whole.dim():
+    dim = _narrower_dim(part, whole)
+    if dim is None:
         return []
-    differing = [d for d in range(whole.dim()) if part.shape[d] != whole.shape[d]]
-    if len(differing) != 1 or part.shape[differing[0]] > whole.shape[differing[0]]:
-        return []
-    (dim,) = differing
     size = part.shape[dim]
     starts = list(range(whole.shape[dim] - size + 1))
     if rank is not None and rank * size in starts:

@@ -150,6 +150,14 @@ class RelationIndex:
         c = self.class_of(f"rank{rank}", value)
         if c is None:
             return []
+        out = self._held_by(c)
+        if not out:  # a permuted layout relates only what nothing relates plainly
+            for inner, perm in self.unpermuted.get(c, []):
+                out.extend((_permuted(rel, c, perm), refs) for rel, refs in self._held_by(inner))
+        return out
+
+    def _held_by(self, c: int) -> list[tuple[Relation, list[str]]]:
+        """The relations whose rank value is the class `c`, with the reference values of each."""
         out: list[tuple[Relation, list[str]]] = []
         refs = self.reference_values(c)
         if refs:
@@ -160,16 +168,6 @@ class RelationIndex:
                     ref_values = self.reference_values(ref_class)
                     if ref_values:
                         out.append((rel, ref_values))
-        if not out:
-            for inner, perm in self.unpermuted.get(c, []):
-                refs = self.reference_values(inner)
-                if refs:
-                    out.append((_permuted(Relation("equal", inner), c, perm), refs))
-                for ref_class, rels in self.by_ref.items():
-                    for rel in rels:
-                        ref_values = self.reference_values(ref_class) if rel.part == inner else []
-                        if ref_values:
-                            out.append((_permuted(rel, c, perm), ref_values))
         return out
 
 

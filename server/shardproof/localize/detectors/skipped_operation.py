@@ -34,13 +34,11 @@ def skipped_operation(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | 
     for consumer_id in ctx.reference.consumers().get(ref_node.id, []):
         consumer = ctx.ref_nodes[consumer_id]
         counterpart = ctx.aligned(consumer, rank)
-        if counterpart is None:
-            continue
+        if counterpart is None or _applied_to_another(ctx, rank, counterpart, ref_node):
+            continue  # nothing plays the part, or the rank applies the operation to another operand
         for k, value in enumerate(consumer.inputs):
             if value != ref_node.id:
                 continue
-            if _applied_to_another(ctx, rank, counterpart, ref_node):
-                continue  # the rank applies the operation, to another operand (swapped, mispaired)
             # the operands of an add or a product may come in either order
             positions = (
                 range(len(counterpart.inputs)) if _commutes(consumer) else [k] if k < len(counterpart.inputs) else []
