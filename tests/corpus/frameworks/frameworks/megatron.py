@@ -9,7 +9,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .models import HEAD_DIM, LABEL_SMOOTHING, SEQ
+from .layer_variants import LABEL_SMOOTHING
+from .models import HEAD_DIM, SEQ
 
 
 def _reduce(x: torch.Tensor) -> torch.Tensor:
