@@ -39,18 +39,24 @@ def _rows_mask(rank: int, rows: int):
     return forward
 
 
-def test_a_rank_mask_of_its_rows_is_stated_the_slice_of_the_reference_mask() -> None:
+def _slice_unions(mask, rows: dict[int, list[int]]) -> list[str]:
+    """The unions with slices of the reference's causal mask that encoding states for two ranks
+    masking their `rows` of an 8-token sequence (`mask(rank)` is the rank's forward), each checked
+    on the masks' values."""
     reference = _graph(_reference_mask, "reference", None, 2, (8, 8))
-    ranks = [(_graph(_rows_mask(r, 4), f"rank{r}", r, 2, (4, 8)), {}) for r in range(2)]
+    ranks = [(_graph(mask(r), f"rank{r}", r, 2, (len(rows[r]), 8)), {}) for r in range(2)]
     commands = encode_unit(reference, {}, ranks).commands
-    blocks = [c for c in commands if c.startswith("(union ") and "(Slice " in c]
-    assert len(blocks) == 2 and " -2 0 4)" in blocks[0] and " -2 4 8)" in blocks[1], blocks
     future = ~torch.ones(8, 8, dtype=torch.bool).tril()
     known = {folding.value_digest(future): future}
-    for rank in range(2):
-        rows = future[rank * 4 : (rank + 1) * 4]
-        known[folding.value_digest(rows)] = rows
+    for own in rows.values():
+        known[folding.value_digest(future[own])] = future[own]
     assert unions_hold(commands, {"0": torch.randn(8, 8, dtype=torch.float64)}, known) >= 2
+    return [c for c in commands if c.startswith("(union ") and "(Slice " in c]
+
+
+def test_a_rank_mask_of_its_rows_is_stated_the_slice_of_the_reference_mask() -> None:
+    blocks = _slice_unions(lambda r: _rows_mask(r, 4), {r: list(range(r * 4, (r + 1) * 4)) for r in range(2)})
+    assert len(blocks) == 2 and " -2 0 4)" in blocks[0] and " -2 4 8)" in blocks[1], blocks
 
 
 def test_a_block_is_found_in_one_dimension_and_the_rank_s_own_first() -> None:
@@ -77,19 +83,11 @@ def _mirrored_rows_mask(rank: int, block: int):
 
 
 def test_a_rank_mask_of_two_mirrored_blocks_is_the_concatenation_of_their_slices() -> None:
-    reference = _graph(_reference_mask, "reference", None, 2, (8, 8))
-    ranks = [(_graph(_mirrored_rows_mask(r, 2), f"rank{r}", r, 2, (4, 8)), {}) for r in range(2)]
-    commands = encode_unit(reference, {}, ranks).commands
-    joined = [c for c in commands if c.startswith("(union ") and "(Slice " in c]
+    rows = {r: [*range(r * 2, r * 2 + 2), *range(6 - r * 2, 8 - r * 2)] for r in range(2)}
+    joined = _slice_unions(lambda r: _mirrored_rows_mask(r, 2), rows)
     # rank 0 holds rows [0:2] and [6:8]; rank 1's two blocks, [2:4] and [4:6], are one
     assert len(joined) == 2 and "(Cat (Slice " in joined[0] and " -2 0 2)" in joined[0] and " -2 6 8)" in joined[0]
     assert "(Cat " not in joined[1] and " -2 2 6)" in joined[1], joined
-    future = ~torch.ones(8, 8, dtype=torch.bool).tril()
-    known = {folding.value_digest(future): future}
-    for rank in range(2):
-        rows = torch.cat([future[rank * 2 : rank * 2 + 2], future[6 - rank * 2 : 8 - rank * 2]])
-        known[folding.value_digest(rows)] = rows
-    assert unions_hold(commands, {"0": torch.randn(8, 8, dtype=torch.float64)}, known) >= 2
 
 
 def test_blocks_are_read_in_one_dimension_and_only_a_few() -> None:
