@@ -33,6 +33,12 @@ KNOWN_GAPS: dict[str, str] = {
         "through the view that splits the slots and the per-expert selection of a batched weight (the "
         "exchange itself is read: a view of the expert's slots concatenated over the ranks)"
     ),
+    "vllm-fused-moe-tensor-parallel": (
+        "each rank's gate and up blocks are concatenated into one stacked weight (w13), and the einsum is "
+        "lowered as a matmul over the expert and intermediate dims merged by a view: the merged dim "
+        "interleaves blocks of two reference weights, which no relation states (the same experts with "
+        "gate and up kept apart, stacked-experts-tensor-parallel, are verified)"
+    ),
 }
 
 _RESULTS: dict[str, object] = {}

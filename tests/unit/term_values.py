@@ -16,6 +16,19 @@ def unions_hold(
     """Evaluate the terms on `inputs` (by input index) and `constants` (by digest, for the
     constants a test knows) and assert every union with known values; the number checked. A
     value stated equal to a known constant takes its value."""
+    return _evaluated(commands, inputs, constants)[1]
+
+
+def values_of(
+    commands: list[str], inputs: dict[str, torch.Tensor], constants: dict[str, torch.Tensor] | None = None
+) -> dict[str, object]:
+    """The value of every term name `unions_hold` could evaluate (after asserting the unions)."""
+    return _evaluated(commands, inputs, constants)[0]
+
+
+def _evaluated(
+    commands: list[str], inputs: dict[str, torch.Tensor], constants: dict[str, torch.Tensor] | None
+) -> tuple[dict[str, object], int]:
     known = constants or {}
     env: dict[str, object] = {}
     evaluate = Evaluator(env)
@@ -44,4 +57,4 @@ def unions_hold(
                 checked += 1
         except (Unbound, Undefined, ValueError, KeyError):
             continue  # a term over a constant or a parameter this test does not know
-    return checked
+    return env, checked

@@ -481,6 +481,9 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         if not dims:
             self.alias[fx.name] = source
             return
+        if fn == "logsumexp":
+            self._logsumexp(fx, source, dims, keepdim, meta)
+            return
         count = math.prod(src_meta.shape[d] for d in dims)
         divided = fn == "mean" and count != 1
         current, current_meta = source, src_meta
@@ -498,6 +501,46 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             current_meta = step_meta
         if divided:
             self.add(fx, "scalar", [current], {"fn": "div", "value": count}, meta)
+
+    def _logsumexp(self, fx: torch.fx.Node, source: str, dims: list[int], keepdim: bool, meta: TensorMeta) -> None:
+        """log(sum(exp(x))) over `dims`, written out as torch's reference `logsumexp` computes it:
+        the largest element m along a dim, then m + log(sum(exp(x - m))) (the same function for any
+        m constant along the dim: exp(x - m) = exp(x) / exp(m)). A vocabulary-parallel program
+        computes these pieces on its shard (the maximum all-reduced with MAX, the sum of the
+        shifted exponentials all-reduced: Megatron's form, a z-loss), so written out, the
+        reference meets it in the same operations, as a softmax or a cross entropy does (the
+        reductions without their dim, as the cross entropy's; a program keeping it meets them
+        through the reductions' kept twins, verify/encode.py). Over several dims, one dim at a
+        time: the logsumexp over (a, b) is that over a of that over b. The last step is fx's
+        value (of `meta`'s dtype)."""
+        current, current_meta = source, self.meta(source)
+        for i, d in enumerate(dims):
+            last = i == len(dims) - 1
+            dtype = meta.dtype if last else current_meta.dtype
+            kept_shape = list(current_meta.shape)
+            kept_shape[current_meta.ndim + d] = 1
+            rows_shape = list(current_meta.shape)
+            del rows_shape[current_meta.ndim + d]
+            rows, kept = TensorMeta(tuple(rows_shape), dtype), TensorMeta(tuple(kept_shape), dtype)
+
+            def step(op: str, inputs: list[str], attrs: dict[str, Any], step_meta: TensorMeta, name: str) -> str:
+                return self.add(fx, op, inputs, attrs, step_meta, suffix=f".lse{i}_{name}")  # noqa: B023
+
+            largest = step("reduce", [current], {"fn": "amax", "dim": d, "keepdim": False}, rows, "max")
+            largest_kept = self.view(fx, largest, kept, suffix=f".lse{i}_max_kept")
+            shifted = step("binary", [current, largest_kept], {"fn": "sub"}, current_meta, "shifted")
+            exps = step("unary", [shifted], {"fn": "exp"}, current_meta, "exp")
+            total = step("reduce", [exps], {"fn": "sum", "dim": d, "keepdim": False}, rows, "sum_exp")
+            logged = step("unary", [total], {"fn": "log"}, rows, "log_sum_exp")
+            if keepdim:
+                summed = step("binary", [logged, largest], {"fn": "add"}, rows, "rows")
+                current = self.view(fx, summed, kept, suffix="" if last else f".lse{i}")
+                current_meta = kept
+            else:
+                current = self.add(
+                    fx, "binary", [logged, largest], {"fn": "add"}, rows, suffix="" if last else f".lse{i}"
+                )
+                current_meta = rows
 
     def collective(self, fx: torch.fx.Node, name: str, args: list[Any], meta: TensorMeta) -> None:
         source = self.value(args[0])

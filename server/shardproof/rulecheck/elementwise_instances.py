@@ -6,7 +6,7 @@ from typing import Any
 
 from ..capture.lowering_tables import _UNARY
 from .harness import Gen
-from .instances import _members, _selected, _shape, instance, near_miss
+from .instances import _FLOAT_BINARY, _members, _selected, _shape, instance, near_miss
 
 
 def _unary(g: Gen) -> str:
@@ -22,6 +22,22 @@ def _(g: Gen) -> dict[str, Any]:
     flat = m.numel()
     shapes = [(flat,), (1, flat), (*m.shape, 1)] + ([(m.shape[0] * m.shape[1], *m.shape[2:])] if m.dim() > 1 else [])
     return {"m": m, "f": _unary(g), "sh": g.text(g.pick(shapes)), "s0": g.text(tuple(m.shape)), "k": m.dim()}
+
+
+@instance("binary-of-views")
+def _(g: Gen) -> dict[str, Any]:
+    a = g.tensor(*_shape(g, g.int(1, 3)))
+    flat = a.numel()
+    shapes = [(flat,), (1, flat), (*a.shape, 1)] + ([(a.shape[0] * a.shape[1], *a.shape[2:])] if a.dim() > 1 else [])
+    b = g.tensor(*a.shape).abs() + 0.5  # a divisor or an exponent's base away from zero
+    return {
+        "a": a,
+        "b": b,
+        "f": g.pick(_FLOAT_BINARY),
+        "sh": g.text(g.pick(shapes)),
+        "s0": g.text(tuple(a.shape)),
+        "k": a.dim(),
+    }
 
 
 @instance("unary-keeps-sizes")

@@ -80,11 +80,14 @@ instance_and_near_miss("vocab-whole-range-mask", _whole_vocab)
 # ---------------------------------------------------------------------------------------------
 # partial sums and shares
 # ---------------------------------------------------------------------------------------------
-def _partial(g: Gen, shape: tuple[int, ...] | None = None, size: int | None = None) -> dict[str, Any]:
-    """A value X split into K contributions, and this rank's contribution x of its tile [s, e)."""
+def _partial(
+    g: Gen, shape: tuple[int, ...] | None = None, size: int | None = None, kind: str = "sum"
+) -> dict[str, Any]:
+    """A value X split into K contributions (added, or with `kind` "max" the largest taken), and
+    this rank's contribution x of its tile [s, e)."""
     shape = shape or tuple(_shape(g, 3))
     size = size or g.int(4, 8)
-    measure = g.contributions(shape, size)
+    measure = g.contributions(shape, size, kind)
     s, e = g.tile(size)
     return {"X": g.total(measure), "x": measure.part(s, e), "s": s, "e": e, "K": size}
 
@@ -253,22 +256,24 @@ def _(g: Gen) -> dict[str, Any]:
     }
 
 
-@instance("partial-viewed")
+@instance("partial-viewed", "partial-max-viewed")
 def _(g: Gen) -> dict[str, Any]:
-    bindings = _partial(g, shape=(2, 3, 4))
-    return bindings | {"s1": g.pick(("6,4", "2,12", "24", "4,3,2")), "sx": "2,3,4"}
+    kind = "max" if g.rule == "partial-max-viewed" else "sum"
+    bindings = _partial(g, shape=(2, 3, 4), kind=kind)
+    return bindings | {"s1": g.pick(("6,4", "2,12", "24", "4,3,2", "2,3,1,4", "2,3,4,1")), "sx": "2,3,4"}
 
 
-@instance("partial-view-sizes", "partial-view-dims")
+@instance("partial-view-sizes", "partial-view-dims", "partial-max-view-sizes", "partial-max-view-dims")
 def _(g: Gen) -> dict[str, Any]:
-    s1 = g.pick(("6,4", "2,12", "24", "4,3,2"))
+    s1 = g.pick(("6,4", "2,12", "24", "4,3,2", "2,3,1,4"))
     shape = tuple(int(n) for n in s1.split(","))
     size = g.int(4, 8)
-    measure = g.contributions(shape, size)  # the contributions to the view V of X
+    # the contributions to the view V of X
+    measure = g.contributions(shape, size, "max" if g.rule.startswith("partial-max") else "sum")
     s, e = g.tile(size)
     view = g.total(measure)
     bindings = {"V": view, "X": view.reshape(2, 3, 4), "y": measure.part(s, e), "s1": s1, "s": s, "e": e, "K": size}
-    return bindings | ({"d": g.int(-len(shape), -1)} if g.rule == "partial-view-sizes" else {})
+    return bindings | ({"d": g.int(-len(shape), -1)} if g.rule.endswith("view-sizes") else {})
 
 
 @instance("partial-permuted")

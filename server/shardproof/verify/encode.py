@@ -247,6 +247,24 @@ class Encoder(FactoredTerms, CollectiveLowering):
         self.commands.append(f"(vshape {src} {_q(_shape_text(src_shape))})")
         return name
 
+    def _kept_twin(self, reduced: str, fn: str, source: str, dim: int, keepdim: bool, meta: TensorMeta) -> None:
+        """A reduction keeping its dim is the one without it, viewed with a size-1 dim there (and
+        the other way round): both are stated, so a program that keeps the dim (`amax(-1,
+        keepdim=True)` before a MAX all-reduce) meets one that does not (Megatron's
+        `max(dim=-1)[0]`) in the same operations, and the rules of each form apply to both."""
+        source_shape = self.meta_of[source].shape
+        position = len(source_shape) + dim
+        kept = list(source_shape)
+        kept[position] = 1
+        rows = [*source_shape[:position], *source_shape[position + 1 :]]
+        kept_meta, rows_meta = TensorMeta(tuple(kept), meta.dtype), TensorMeta(tuple(rows), meta.dtype)
+        if keepdim:
+            twin = self.let(self._fresh("unkept"), f"(Red {_q(fn)} {source} {dim} 0)", rows_meta)
+            self.commands.append(f"(union {reduced} {self._view(twin, tuple(rows), kept_meta)})")
+        else:
+            twin = self.let(self._fresh("kept"), f"(Red {_q(fn)} {source} {dim} 1)", kept_meta)
+            self.commands.append(f"(union {self._view(reduced, tuple(rows), kept_meta)} {twin})")
+
     def _permute(self, src: str, perm: list[int], meta: TensorMeta) -> str:
         name = self.let(self._fresh("perm"), f"(Permute {src} {_q(_shape_text(perm))})", meta)
         self._permutation_facts(perm)
@@ -408,7 +426,9 @@ class Encoder(FactoredTerms, CollectiveLowering):
         elif op == "fill":
             self.let(name, f"(Fill {ins[0]} {ins[1]} {_q(fill_value(a['value']))})", meta)
         elif op == "reduce":
-            self.let(name, f"(Red {_q(a['fn'])} {ins[0]} {a['dim']} {1 if a['keepdim'] else 0})", meta)
+            reduced = self.let(name, f"(Red {_q(a['fn'])} {ins[0]} {a['dim']} {1 if a['keepdim'] else 0})", meta)
+            if own_inputs:
+                self._kept_twin(reduced, a["fn"], ins[0], a["dim"], a["keepdim"], meta)
         elif op == "softmax":
             self.let(name, f"(Softmax {ins[0]} {a['dim']})", meta)
         elif op == "along":

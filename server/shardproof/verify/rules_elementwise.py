@@ -25,6 +25,15 @@ _rule(
     "((union n (View (Un f m) sh)) (set (nd (Un f m)) k) (vshape (Un f m) s0)))",
 )
 _rule(
+    "binary-of-views",
+    "elementwise",
+    "an elementwise op on two values of one shape, both viewed to one shape, is the view of the op on them "
+    "(a rank that keeps a reduced dim computes m + log(s) on [n, 1] values and squeezes after, where the "
+    "reference adds the [n] values)",
+    "(rule ((= n (Bin f u w)) (= u (View a sh)) (= w (View b sh)) (vshape a s0) (vshape b s0) (= k (nd a))) "
+    "((union n (View (Bin f a b) sh)) (set (nd (Bin f a b)) k) (vshape (Bin f a b) s0)))",
+)
+_rule(
     "floating-cast-keeps-the-value",
     "elementwise",
     "a cast to a floating dtype is its input's value (real-number semantics: it only rounds), so a rank that "

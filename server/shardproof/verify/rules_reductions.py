@@ -420,6 +420,26 @@ _rule(
     "((pmax Y y s e K)))",
 )
 _rule(
+    "partial-max-viewed",
+    "loss",
+    "reshaping partial maxes keeps them partial maxes (a max is taken element by element, and a view moves "
+    "elements, not values): a rank may reduce without keeping the dim and view it back in before its MAX "
+    "all-reduce, where the reference keeps it, or the other way round",
+    "(rule ((= y (View x s1)) (pmax X x s e K) (vshape x sx)) ((pmax (View X s1) y s e K) (vshape X sx)))",
+)
+_rule(
+    "partial-max-view-sizes",
+    "loss",
+    "a view of a value has the sizes of a rank's partial max of it (the view partial-max-viewed makes has none stated)",
+    "(rule ((pmax V y s e K) (= V (View X s1)) (= n (sz y d))) ((set (sz V d) n)))",
+)
+_rule(
+    "partial-max-view-dims",
+    "loss",
+    "a view of a value has the number of dims of a rank's partial max of it",
+    "(rule ((pmax V y s e K) (= V (View X s1)) (= n (nd y))) ((set (nd V) n)))",
+)
+_rule(
     "max-cover-start",
     "loss",
     "collect partial maxes tiling [0, e) that feed an all-reduce",

@@ -1,7 +1,8 @@
 """References of the frameworks corpus for layer variants the session of 2026-11-26 added: an
 MLP with LoRA adapters, one with int8 weights and per-channel scales, the LM head's loss with
 label smoothing, and Mamba's mixer without its scan (the in-projection, a causal depthwise
-conv1d, the gate). Sizes and inputs as in models.py."""
+conv1d, the gate); and (twelfth session) the LM head's z-loss and Mixtral-style experts held as
+stacked weights. Sizes and inputs as in models.py."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models import FFN, HIDDEN, MLP, SEQ, LMHead
+from .models import EXPERTS, FFN, HIDDEN, MLP, SEQ, LMHead
 
 LORA_RANK = 4
 LABEL_SMOOTHING = 0.1
+Z_LOSS = 1e-4
 
 
 class LoRAMLP(MLP):
@@ -52,6 +54,44 @@ class SmoothedLMHeadLoss(LMHead):
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         logits = self.lm_head(x)
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), label_smoothing=LABEL_SMOOTHING)
+
+
+class LMHeadZLoss(LMHead):
+    """PaLM's z-loss of the LM head: the squared logsumexp of each token's logits, scaled."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Z_LOSS * torch.logsumexp(self.lm_head(x), dim=-1).pow(2)
+
+
+class StackedExperts(nn.Module):
+    """Mixtral-style experts as stacked gate / up / down weights ([experts, out, in]), every expert
+    run on every token and weighted by the token's top-2 routing weight for it (zero elsewhere)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(HIDDEN, EXPERTS, bias=False)
+        self.w_gate = nn.Parameter(torch.randn(EXPERTS, FFN, HIDDEN) / HIDDEN**0.5)
+        self.w_up = nn.Parameter(torch.randn(EXPERTS, FFN, HIDDEN) / HIDDEN**0.5)
+        self.w_down = nn.Parameter(torch.randn(EXPERTS, HIDDEN, FFN) / FFN**0.5)
+
+    def routing(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(x)
+        weights, chosen = logits.softmax(-1).topk(2, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        return torch.zeros_like(logits).scatter(-1, chosen, weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = F.silu(torch.einsum("bsh,efh->bsef", x, self.w_gate)) * torch.einsum("bsh,efh->bsef", x, self.w_up)
+        out = torch.einsum("bsef,ehf->bseh", hidden, self.w_down)
+        return (self.routing(x).unsqueeze(-1) * out).sum(-2)
+
+
+def lm_head_z_loss() -> LMHeadZLoss:
+    return LMHeadZLoss()
+
+
+def stacked_experts() -> StackedExperts:
+    return StackedExperts()
 
 
 def lora_mlp() -> LoRAMLP:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .layer_variants import LABEL_SMOOTHING
+from .layer_variants import LABEL_SMOOTHING, Z_LOSS
 from .models import HEAD_DIM, SEQ
 
 
@@ -247,6 +247,28 @@ class VocabParallelSoftmax(nn.Module):
 
 def softmax(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return VocabParallelSoftmax(ref, rank, world_size)
+
+
+class VocabParallelZLoss(nn.Module):
+    """The z-loss on vocabulary-sharded logits, as Megatron computes its cross entropy's
+    logsumexp: each token's max taken without keeping the dim and all-reduced with MAX, the
+    shifted exponentials summed and all-reduced, log of the sum plus the max."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(ref.lm_head.weight.chunk(world_size, dim=0)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)
+        logits_max = torch.max(logits, dim=-1)[0]
+        dist.all_reduce(logits_max, op=dist.ReduceOp.MAX)
+        sum_exp = (logits - logits_max.unsqueeze(dim=-1)).exp().sum(dim=-1)
+        dist.all_reduce(sum_exp)
+        return Z_LOSS * (torch.log(sum_exp) + logits_max).pow(2)
+
+
+def z_loss(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return VocabParallelZLoss(ref, rank, world_size)
 
 
 class ParallelAttention(nn.Module):

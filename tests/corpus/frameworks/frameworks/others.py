@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .layer_variants import Z_LOSS
 from .long_context import _gathered_sequence
 from .models import EXPERTS, HEAD_DIM, causal_attention
 
@@ -248,3 +249,50 @@ class ZeroStage3MLP(nn.Module):
 
 def zero_stage3_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ZeroStage3MLP(ref, rank, world_size)
+
+
+class KeptDimsZLoss(nn.Module):
+    """A hand-written vocabulary-parallel logsumexp that keeps the reduced dim throughout (the max
+    and the sum with keepdim=True, all-reduced with MAX and SUM) and squeezes it at the end."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(ref.lm_head.weight.chunk(world_size, dim=0)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)
+        largest = logits.amax(dim=-1, keepdim=True)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        total = (logits - largest).exp().sum(dim=-1, keepdim=True)
+        dist.all_reduce(total)
+        return Z_LOSS * (total.log() + largest).squeeze(-1).pow(2)
+
+
+def kept_dims_z_loss(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return KeptDimsZLoss(ref, rank, world_size)
+
+
+class StackedExpertsTensorParallel(nn.Module):
+    """Stacked experts under tensor parallelism with the gate and up weights kept apart: every rank
+    holds every expert's block of the intermediate dim and reduces the routed sum once."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        block = ref.w_gate.shape[1] // world_size
+        own = slice(rank * block, (rank + 1) * block)
+        self.gate, self.routing = ref.gate, ref.routing  # the router replicated
+        self.w_gate = nn.Parameter(ref.w_gate[:, own].detach().clone())
+        self.w_up = nn.Parameter(ref.w_up[:, own].detach().clone())
+        self.w_down = nn.Parameter(ref.w_down[:, :, own].detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.einsum("bsh,efh->bsef", x, self.w_gate)
+        hidden = F.silu(gate) * torch.einsum("bsh,efh->bsef", x, self.w_up)
+        out = torch.einsum("bsef,ehf->bseh", hidden, self.w_down)
+        routed = (self.routing(x).unsqueeze(-1) * out).sum(-2)
+        dist.all_reduce(routed)
+        return routed
+
+
+def stacked_experts_tensor_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return StackedExpertsTensorParallel(ref, rank, world_size)

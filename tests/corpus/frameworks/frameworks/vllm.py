@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .latent_attention import KV_RANK, MLA_HEADS, NOPE_DIM, Q_RANK, ROPE_DIM, V_DIM, LatentAttention
 from .models import HEAD_DIM, HEADS, HIDDEN, ODD_VOCAB, VOCAB, causal_attention
 
 
@@ -263,3 +264,55 @@ class Int8TensorParallelMLP(nn.Module):
 
 def int8_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return Int8TensorParallelMLP(ref, rank, world_size)
+
+
+class FusedMoETensorParallel(nn.Module):
+    """vLLM's FusedMoE under tensor parallelism (no expert parallelism): every rank holds every
+    expert, each cut along its intermediate dim (gate and up by rows, merged as w13; down by
+    columns), runs all of them on its block and reduces the routed sum once."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        block = ref.w_gate.shape[1] // world_size
+        own = slice(rank * block, (rank + 1) * block)
+        self.gate, self.routing = ref.gate, ref.routing  # the router replicated
+        self.w13 = nn.Parameter(torch.cat([ref.w_gate[:, own], ref.w_up[:, own]], dim=1).detach().clone())
+        self.w2 = nn.Parameter(ref.w_down[:, :, own].detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = torch.einsum("bsh,efh->bsef", x, self.w13).chunk(2, dim=-1)
+        out = torch.einsum("bsef,ehf->bseh", F.silu(gate) * up, self.w2)
+        return tensor_model_parallel_all_reduce((self.routing(x).unsqueeze(-1) * out).sum(-2))
+
+
+def fused_moe_tensor_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return FusedMoETensorParallel(ref, rank, world_size)
+
+
+class LatentAttentionTensorParallel(LatentAttention):
+    """vLLM / SGLang's DeepSeek-V2 attention under tensor parallelism: the query's down projection
+    and the compressed latent replicated, the query's up projection and kv_b_proj column-parallel
+    over whole heads, o_proj row-parallel and all-reduced (each local weight a zero parameter the
+    loader narrows the checkpoint's into)."""
+
+    def __init__(self, ref: LatentAttention, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.heads = MLA_HEADS // world_size
+        query_rows, kv_rows = self.heads * (NOPE_DIM + ROPE_DIM), self.heads * (NOPE_DIM + V_DIM)
+        self.q_b_proj = nn.Linear(Q_RANK, query_rows, bias=False)
+        self.kv_b_proj = nn.Linear(KV_RANK, kv_rows, bias=False)
+        self.o_proj = nn.Linear(self.heads * V_DIM, HIDDEN, bias=False)
+        with torch.no_grad():
+            for name in ("q_a_proj", "q_a_layernorm", "kv_a_proj_with_mqa", "kv_a_layernorm"):
+                getattr(self, name).weight.copy_(getattr(ref, name).weight)
+            self.q_b_proj.weight.copy_(ref.q_b_proj.weight.narrow(0, rank * query_rows, query_rows))
+            self.kv_b_proj.weight.copy_(ref.kv_b_proj.weight.narrow(0, rank * kv_rows, kv_rows))
+            columns = self.heads * V_DIM
+            self.o_proj.weight.copy_(ref.o_proj.weight.narrow(1, rank * columns, columns))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return tensor_model_parallel_all_reduce(self.o_proj(self.attend(x, self.heads)))
+
+
+def latent_attention_tensor_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return LatentAttentionTensorParallel(ref, rank, world_size)  # type: ignore[arg-type]
