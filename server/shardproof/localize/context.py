@@ -286,6 +286,7 @@ class Context(Blame, Pictures, Plans):
             unrelated = {n.id for n in self.reference.nodes if not any(self.index.related(n.id, r) for r in everywhere)}
         else:
             unrelated = {n.id for n in self.reference.nodes if not self.index.related(n.id, rank)}
+            unrelated -= self._reshaped_related(unrelated)
             unrelated -= self._computed_elsewhere(rank, unrelated)
         harmful = _back_from(
             [o for o in failing_ids if o in unrelated], self.ref_nodes, lambda value: value in unrelated
@@ -294,6 +295,23 @@ class Context(Blame, Pictures, Plans):
             if node.id in harmful and not any(i in harmful for i in node.inputs):
                 return node.id
         return None
+
+    def _reshaped_related(self, unrelated: set[str]) -> set[str]:
+        """Reference values that hold the numbers of a related value: one side of a view that only
+        inserts or removes size-1 dims (a reduction with its dim kept, and without). A rank that
+        computes the max with `keepdim=True` relates the reference's kept view of its max, not the
+        max itself; that is not where it breaks."""
+        same: set[str] = set()
+        for node in self.reference.nodes:
+            if node.op != "view" or len(node.inputs) != 1:
+                continue
+            source = node.inputs[0]
+            if (source in unrelated) == (node.id in unrelated):
+                continue
+            shapes = [self.reference.meta_of(v).shape for v in (source, node.id)]
+            if [n for n in shapes[0] if n != 1] == [n for n in shapes[1] if n != 1]:
+                same.add(source if source in unrelated else node.id)
+        return same
 
     def _computed_elsewhere(self, rank: int, unrelated: set[str]) -> set[str]:
         """Reference values this rank does not compute by design (expert parallelism: rank 1 runs

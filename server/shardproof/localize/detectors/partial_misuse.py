@@ -44,6 +44,18 @@ def partial_misuse(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
     return None
 
 
+def _computed_at(ctx: Context, rank: int, producer: Node | None, kind: str) -> Node | None:
+    """Where a partial value is computed: back through the views and permutes that only reshape it
+    (a partial max unsqueezed for its use is still the max's: the all-reduce belongs after the
+    max, `partial-max-viewed` relates both)."""
+    while producer is not None and producer.op in ("view", "permute") and len(producer.inputs) == 1:
+        source = ctx.rank_node(rank, producer.inputs[0])
+        if source is None or not any(rel.kind == kind for rel, _ in ctx.index.relations_of_rank_value(rank, source.id)):
+            break
+        producer = source
+    return producer
+
+
 def _partial_consumed(
     ctx: Context,
     ref_node: Node,
@@ -54,7 +66,7 @@ def _partial_consumed(
     partial_value: str,
     consumer: Node,
 ) -> Discrepancy:
-    producer = ctx.rank_node(rank, partial_value)
+    producer = _computed_at(ctx, rank, ctx.rank_node(rank, partial_value), rel.kind)
     reduced = "input features" if producer is not None and producer.op == "linear" else "reduced indices"
     partial = "partial max" if rel.kind == "pmax" else "partial sum"
     holds = (

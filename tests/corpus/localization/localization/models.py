@@ -351,3 +351,9 @@ def token_ids() -> tuple[torch.Tensor]:
 
 def odd_token_ids() -> tuple[torch.Tensor]:
     return (_ids(ODD_VOCAB, 0),)
+
+
+def lm_head_z_loss() -> nn.Module:
+    from .losses import LMHeadZLoss
+
+    return LMHeadZLoss(VOCAB, HIDDEN)

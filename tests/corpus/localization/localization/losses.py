@@ -1,0 +1,74 @@
+"""Vocabulary-parallel z-loss mistakes (PaLM's z-loss, the squared logsumexp of each token's
+logits, on logits sharded over the vocabulary as Megatron computes its logsumexp)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+Z_LOSS = 1e-4
+
+
+class LMHeadZLoss(nn.Module):
+    """The reference: the LM head's logits and their z-loss."""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Z_LOSS * torch.logsumexp(self.lm_head(x), dim=-1).pow(2)
+
+
+def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x
+
+
+def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(x)
+    return x
+
+
+class _VocabShard(nn.Module):
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(ref.lm_head.weight.chunk(world_size, dim=0)[rank].clone())
+
+
+class MaxNotReduced(_VocabShard):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)
+        logits_max = logits.amax(dim=-1)
+        sum_exp = all_reduce_sum((logits - logits_max.unsqueeze(-1)).exp().sum(dim=-1))
+        return Z_LOSS * (sum_exp.log() + logits_max).pow(2)
+
+
+class LogBeforeSum(_VocabShard):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)
+        logits_max = all_reduce_max(logits.amax(dim=-1))
+        log_sum = all_reduce_sum((logits - logits_max.unsqueeze(-1)).exp().sum(dim=-1).log())
+        return Z_LOSS * (log_sum + logits_max).pow(2)
+
+
+def max_not_reduced(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return MaxNotReduced(ref, rank, world_size)
+
+
+def log_before_sum(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return LogBeforeSum(ref, rank, world_size)
+
+
+class MaxNotAddedBack(_VocabShard):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)
+        logits_max = all_reduce_max(logits.amax(dim=-1))
+        sum_exp = all_reduce_sum((logits - logits_max.unsqueeze(-1)).exp().sum(dim=-1))
+        return Z_LOSS * sum_exp.log().pow(2)
+
+
+def max_not_added_back(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return MaxNotAddedBack(ref, rank, world_size)
