@@ -532,15 +532,12 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             exps = step("unary", [shifted], {"fn": "exp"}, current_meta, "exp")
             total = step("reduce", [exps], {"fn": "sum", "dim": d, "keepdim": False}, rows, "sum_exp")
             logged = step("unary", [total], {"fn": "log"}, rows, "log_sum_exp")
-            if keepdim:
-                summed = step("binary", [logged, largest], {"fn": "add"}, rows, "rows")
-                current = self.view(fx, summed, kept, suffix="" if last else f".lse{i}")
-                current_meta = kept
-            else:
-                current = self.add(
-                    fx, "binary", [logged, largest], {"fn": "add"}, rows, suffix="" if last else f".lse{i}"
-                )
-                current_meta = rows
+            # the step's value: the sum, or with keepdim that sum viewed with the size-1 dim
+            suffix = "" if last else f".lse{i}"
+            summed = self.add(
+                fx, "binary", [logged, largest], {"fn": "add"}, rows, f".lse{i}_rows" if keepdim else suffix
+            )
+            current, current_meta = (self.view(fx, summed, kept, suffix=suffix), kept) if keepdim else (summed, rows)
 
     def collective(self, fx: torch.fx.Node, name: str, args: list[Any], meta: TensorMeta) -> None:
         source = self.value(args[0])

@@ -15,6 +15,7 @@ from torch import nn
 
 from .layer_variants import Z_LOSS
 from .long_context import _gathered_sequence
+from .megatron import VocabParallelZLoss
 from .models import EXPERTS, HEAD_DIM, causal_attention
 
 
@@ -251,13 +252,10 @@ def zero_stage3_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ZeroStage3MLP(ref, rank, world_size)
 
 
-class KeptDimsZLoss(nn.Module):
-    """A hand-written vocabulary-parallel logsumexp that keeps the reduced dim throughout (the max
-    and the sum with keepdim=True, all-reduced with MAX and SUM) and squeezes it at the end."""
-
-    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(ref.lm_head.weight.chunk(world_size, dim=0)[rank].clone())
+class KeptDimsZLoss(VocabParallelZLoss):
+    """The z-loss on vocabulary shards with a hand-written logsumexp that keeps the reduced dim
+    throughout (the max and the sum with keepdim=True, all-reduced with MAX and SUM) and squeezes
+    it at the end."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.weight)
