@@ -191,12 +191,19 @@ def _tiled_split(
     }
 
 
-def _split_tiled(g: Gen, three_dims: bool) -> dict[str, Any]:
+def _split_tiled(g: Gen, near_miss: bool) -> dict[str, Any]:
     """A value (m * h, c) whose ranks select the range R of every h-long run, split to (m, h, c)
-    (a near miss splits it into three dims, (m, h1, h2): R is not a selection of h1)."""
+    (a near miss splits it into three dims, (m, h1, h2): R is not a selection of h1; or the ranks
+    split theirs into other sizes than (m, |R|): two half-runs per run are no selection)."""
     m, c = g.int(2, 4), g.int(2, 3)
     lead = [g.int(2, 3)] if g.int(0, 1) else []
-    if three_dims:
+    if near_miss and g.int(0, 1):
+        h = 2 * g.int(2, 3)
+        s = g.int(0, h - 4)
+        e = s + 4
+        bindings = _tiled_split(g, lead, m, c, (s, e), (h,), (e - s,))
+        return bindings | {"n": (e - s) // 2, "s2": g.text((*lead, 2 * m, (e - s) // 2, c))}
+    if near_miss:
         s, e = 0, 4
         inner: tuple[int, ...] = (2, 4)
         local: tuple[int, ...] = (2, 2)
@@ -211,11 +218,18 @@ def _split_tiled(g: Gen, three_dims: bool) -> dict[str, Any]:
 instance_and_near_miss("view-split-tiled-selection", _split_tiled)
 
 
-def _split_tiled_in_three(g: Gen, unaligned: bool) -> dict[str, Any]:
+def _split_tiled_in_three(g: Gen, near_miss: bool) -> dict[str, Any]:
     """A value (m * h1 * h2, c) whose ranks select a whole number of h2-runs of every h-long run,
-    split to (m, h1, h2, c) (a near miss selects runs that do not start at a multiple of h2)."""
+    split to (m, h1, h2, c) (a near miss selects runs that do not start at a multiple of h2, or
+    splits the ranks' selection into (2m, |R| / 2h2, h2): other rows than the value's)."""
     m, h1, h2, c = g.int(2, 3), g.int(2, 4), g.int(2, 3), g.int(2, 3)
     lead = [g.int(2, 3)] if g.int(0, 1) else []
+    if near_miss and g.int(0, 1):
+        h1 = 4
+        s, e = 0, 4 * h2
+        bindings = _tiled_split(g, lead, m, c, (s, e), (h1, h2), (4, h2)) | {"h1": h1, "h2": h2}
+        return bindings | {"n": 2 * h2, "s2": g.text((*lead, 2 * m, 2, h2, c))}
+    unaligned = int(near_miss)
     a = g.int(0, h1 - 2) if unaligned else g.int(0, h1 - 1)
     b = g.int(a + 1, h1 - 1) if unaligned else g.int(a + 1, h1)
     s, e = a * h2 + unaligned, b * h2 + unaligned  # (a near miss: one past the runs' starts)

@@ -35,6 +35,7 @@ from .scalars import (
     scaled_term,
 )
 from .sum_forms import SumForms
+from .twins import MovementTwins
 
 _SAFE = re.compile(r"[^A-Za-z0-9_]")
 _MOST_FACTORS = 24  # float factors whose products are stated (pairs grow quadratically)
@@ -67,7 +68,7 @@ def _joined(shapes: list[tuple[int, ...]], dim: int, dtype: str) -> TensorMeta:
     return TensorMeta(tuple(shape), dtype)
 
 
-class Encoder(FactoredTerms, CollectiveLowering):
+class Encoder(FactoredTerms, CollectiveLowering, MovementTwins):
     def __init__(self) -> None:
         self.commands: list[str] = []
         self.term_of: dict[tuple[str, str], str] = {}
@@ -93,6 +94,7 @@ class Encoder(FactoredTerms, CollectiveLowering):
         self._collective_factors: dict[tuple[str, str], Fraction] = {}
         self.sums = SumForms()  # chains of additions as multisets of their terms (sum_forms.py)
         self._graph_nodes: dict[str, dict[str, Node]] = {}  # graph name -> its nodes by id
+        self._view_sources: dict[str, str] = {}  # a term known to be a view of another -> that one (twins.py)
         self._permutations_stated: set[tuple[int, ...]] = set()
         self._factors: dict[str, float] = {}  # the float factors of scalings, by their term (rules_scalars.py)
         self._integer_factors: set[int] = set()  # the integer factors of scalings (`ScI` terms)
@@ -247,24 +249,6 @@ class Encoder(FactoredTerms, CollectiveLowering):
         self.commands.append(f"(vshape {src} {_q(_shape_text(src_shape))})")
         return name
 
-    def _kept_twin(self, reduced: str, fn: str, source: str, dim: int, keepdim: bool, meta: TensorMeta) -> None:
-        """A reduction keeping its dim is the one without it, viewed with a size-1 dim there (and
-        the other way round): both are stated, so a program that keeps the dim (`amax(-1,
-        keepdim=True)` before a MAX all-reduce) meets one that does not (Megatron's
-        `max(dim=-1)[0]`) in the same operations, and the rules of each form apply to both."""
-        source_shape = self.meta_of[source].shape
-        position = len(source_shape) + dim
-        kept = list(source_shape)
-        kept[position] = 1
-        rows = [*source_shape[:position], *source_shape[position + 1 :]]
-        kept_meta, rows_meta = TensorMeta(tuple(kept), meta.dtype), TensorMeta(tuple(rows), meta.dtype)
-        if keepdim:
-            twin = self.let(self._fresh("unkept"), f"(Red {_q(fn)} {source} {dim} 0)", rows_meta)
-            self.commands.append(f"(union {reduced} {self._view(twin, tuple(rows), kept_meta)})")
-        else:
-            twin = self.let(self._fresh("kept"), f"(Red {_q(fn)} {source} {dim} 1)", kept_meta)
-            self.commands.append(f"(union {self._view(reduced, tuple(rows), kept_meta)} {twin})")
-
     def _permute(self, src: str, perm: list[int], meta: TensorMeta) -> str:
         name = self.let(self._fresh("perm"), f"(Permute {src} {_q(_shape_text(perm))})", meta)
         self._permutation_facts(perm)
@@ -380,6 +364,8 @@ class Encoder(FactoredTerms, CollectiveLowering):
         op = node.op
         if op == "slice":
             self.let(name, f"(Slice {ins[0]} {a['dim']} {a['start']} {a['end']})", meta)
+            if own_inputs and not self.factor_out:
+                self._slice_of_view_twin(node, name, ins[0])
         elif op == "cat":
             shapes = [self.meta_of[i].shape for i in ins]
             left, right = self._cat_halves(ins, shapes, a["dim"], meta.dtype)
@@ -394,6 +380,8 @@ class Encoder(FactoredTerms, CollectiveLowering):
                 # The chain is repeat_interleave: state the identity so the repeat rules apply.
                 self.commands.append(f"(union {name} (Rep {self.term(graph, source)} {dim} {times}))")
                 self.permutations.note_repeat(self.same_as(name), self.term(graph, source), dim, times)
+            if own_inputs and not self.factor_out:
+                self._view_of_view_twin(name, ins[0], meta)
         elif op == "permute":
             self.let(name, f"(Permute {ins[0]} {_q(_shape_text(a['perm']))})", meta)
             self._permutation_facts(list(a["perm"]))

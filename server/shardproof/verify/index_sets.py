@@ -102,10 +102,11 @@ _rule(
     "layout",
     "splitting a dim into two, (m, h): the ranges R + i * h for every outer index i are the selection R of the "
     "inner dim (heads merged into the batch dim for bmm, then split again; R lies within [0, h) because the last "
-    "copy ends inside the dim; a split into more dims has an inner product h larger than the next dim)",
+    "copy ends inside the dim; a split into more dims has an inner product h larger than the next dim), when "
+    "the selection is split alike, into (m, |R|) (split into other sizes, its rows are no rows of the value's)",
     "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di RT) (tiled RT s e h m) "
     "(vsplit Y di do h k sX) (vsplit y di do n k sx) (vshape X sX) (vshape x sx) (= m (sz Y do)) "
-    "(= h (sz Y (+ do 1)))) "
+    "(= h (sz Y (+ do 1))) (= n (- e s))) "
     "((sel Y y (+ do 1) (RCons s e (RNil)))))",
 )
 
@@ -114,11 +115,11 @@ _rule(
     "layout",
     "splitting a dim into three, (m, h1, h2): the ranges R + i * h for every outer index i (h = h1 h2, R a whole "
     "number of h2-runs) are the selection R / h2 of the middle dim (keys and values concatenated per rank, "
-    "viewed as (2, heads, head_dim))",
+    "viewed as (2, heads, head_dim)), when the selection is split alike, into (m, |R| / h2, h2)",
     "(rule ((= Y (View X s1)) (= y (View x s2)) (sel X x di RT) (tiled RT s e h m) "
     "(vsplit Y di do h k sX) (vsplit y di do n k sx) (vshape X sX) (vshape x sx) (= m (sz Y do)) "
     "(= h1 (sz Y (+ do 1))) (= h2 (sz Y (+ do 2))) "
-    "(= h (* h1 h2)) (= h2 (sz y (+ do 2))) (= 0 (% s h2)) (= 0 (% e h2))) "
+    "(= h (* h1 h2)) (= h2 (sz y (+ do 2))) (= 0 (% s h2)) (= 0 (% e h2)) (= n (- e s))) "
     "((sel Y y (+ do 1) (RCons (/ s h2) (/ e h2) (RNil)))))",
 )
 

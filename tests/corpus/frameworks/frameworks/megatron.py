@@ -311,6 +311,43 @@ def parallel_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ParallelAttention(ref, rank, world_size)
 
 
+class GroupedQueryAttention(nn.Module):
+    """Megatron-core's SelfAttention with query groups, loaded from a Hugging Face checkpoint:
+    `linear_qkv` holds, group after group, the group's query heads, then its key head and its
+    value head (the checkpoint converter's layout), column-parallel over whole groups; the rank
+    views its output as [batch, seq, groups, (heads per group + 2) * head_dim] and splits it per
+    group (get_query_key_value_tensors); `linear_proj` is row-parallel."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        heads, groups = ref.q_proj.out_features // HEAD_DIM, ref.k_proj.out_features // HEAD_DIM
+        self.groups, self.per_group = groups // world_size, heads // groups
+        rows = []
+        for group in range(rank * self.groups, (rank + 1) * self.groups):
+            queries = group * self.per_group * HEAD_DIM
+            rows.append(ref.q_proj.weight[queries : queries + self.per_group * HEAD_DIM])
+            rows.append(ref.k_proj.weight[group * HEAD_DIM : (group + 1) * HEAD_DIM])
+            rows.append(ref.v_proj.weight[group * HEAD_DIM : (group + 1) * HEAD_DIM])
+        self.linear_qkv = nn.Parameter(torch.cat(rows).clone())
+        self.linear_proj = nn.Parameter(ref.o_proj.weight.chunk(world_size, dim=1)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        mixed = F.linear(x, self.linear_qkv).view(b, s, self.groups, (self.per_group + 2) * HEAD_DIM)
+        query, key, value = torch.split(mixed, [self.per_group * HEAD_DIM, HEAD_DIM, HEAD_DIM], dim=3)
+        query = query.reshape(b, s, -1, HEAD_DIM)
+        key = key.repeat_interleave(self.per_group, dim=2)
+        value = value.repeat_interleave(self.per_group, dim=2)
+        scores = F.scaled_dot_product_attention(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal=True
+        )
+        return _reduce(F.linear(scores.transpose(1, 2).flatten(2), self.linear_proj))
+
+
+def grouped_query_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return GroupedQueryAttention(ref, rank, world_size)
+
+
 class SequenceParallelVocabEmbedding(nn.Module):
     """Megatron-core's VocabParallelEmbedding under sequence parallelism: the masked lookup is
     transposed to the sequence-first layout and reduce-scattered along the sequence (instead of

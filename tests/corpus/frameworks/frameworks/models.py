@@ -52,12 +52,12 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 class GQAAttention(nn.Module):
     """Grouped-query attention with separate projections (the Hugging Face checkpoint layout)."""
 
-    def __init__(self, kv_heads: int = KV_HEADS) -> None:
+    def __init__(self, kv_heads: int = KV_HEADS, heads: int = HEADS) -> None:
         super().__init__()
-        self.q_proj = nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False)
+        self.q_proj = nn.Linear(HIDDEN, heads * HEAD_DIM, bias=False)
         self.k_proj = nn.Linear(HIDDEN, kv_heads * HEAD_DIM, bias=False)
         self.v_proj = nn.Linear(HIDDEN, kv_heads * HEAD_DIM, bias=False)
-        self.o_proj = nn.Linear(HEADS * HEAD_DIM, HIDDEN, bias=False)
+        self.o_proj = nn.Linear(heads * HEAD_DIM, HIDDEN, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -420,6 +420,11 @@ def gated_mlp() -> GatedMLP:
 
 def gqa_attention() -> GQAAttention:
     return GQAAttention()
+
+
+def wide_gqa_attention() -> GQAAttention:
+    """8 query heads in 4 groups: two groups per rank at world size 2, one at 4."""
+    return GQAAttention(kv_heads=4, heads=8)
 
 
 def fused_qkv_attention() -> FusedQKVAttention:

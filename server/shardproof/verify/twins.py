@@ -1,0 +1,108 @@
+"""Identities of movement and reduction stated for every node they apply to, mixed into the Encoder
+(encode.py): a value is let as the program wrote it and also as the same function written another
+way, so that programs which write one computation differently meet in the same terms, and the
+rules written for each form apply to both.
+
+- a reduction keeping its dim is the one without it, viewed with the size-1 dim (`_kept_twin`);
+- a view of a view is a view of the first view's source (`_view_of_view_twin`);
+- a slice of a view along a dim that the view carries over whole (or splits, the sliced dim inner)
+  is a view of slices of the source (`_slice_of_view_twin`): Megatron's fused QKV output viewed
+  [batch, seq, groups, (heads per group + 2) * head_dim] and split per group is, group by group, a
+  slice of the linear's output, which the slice-of-concatenation rules read as one projection.
+
+Each is a fact of reshape's row-major order, checked on concrete tensors in
+tests/unit/test_movement_twins.py and tests/unit/test_kept_reductions.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..graph.model import Node, TensorMeta
+from .language import quoted as _q
+
+# the most pieces a slice of a view is written as (one per index of the view's outer dims that
+# split the sliced source dim: a rank's query groups); more states no twin
+MOST_SLICE_PIECES = 16
+
+
+def slice_of_view_pieces(
+    source: tuple[int, ...], viewed: tuple[int, ...], dim: int, start: int, end: int
+) -> tuple[int, list[tuple[int, int]]] | None:
+    """How `source.view(viewed)` sliced along `dim` (negative) over [start, end) is `source`
+    sliced along one of its dims: (that dim, negative; the ranges of it, in order, whose
+    concatenation viewed with the slice's shape is the slice). None when no source dim holds the
+    sliced dim whole: the elements after the sliced dim (Q of them, row-major) must be exactly the
+    source's elements after some dim d, whose size is then g times the sliced dim's (the view's
+    dims before the sliced one split d's outer part, g indices of it), so view index (p, k, q) is
+    source index (p // g, (p % g) * K + k, q)."""
+    position = len(viewed) + dim
+    size = viewed[position]
+    if size <= 1 or not 0 <= start < end <= size or (start, end) == (0, size):
+        return None
+    inner = math.prod(viewed[position + 1 :])
+    for d in range(len(source)):
+        if math.prod(source[d + 1 :]) == inner and source[d] % size == 0 and source[d] >= size > 1:
+            pieces = source[d] // size
+            if pieces > MOST_SLICE_PIECES:
+                return None
+            return d - len(source), [(i * size + start, i * size + end) for i in range(pieces)]
+    return None
+
+
+class MovementTwins:
+    """The twin statements; the Encoder provides `let`, `_view`, `_cat` and `same_as`, and `_view_sources`:
+    each term known to be a view of another (a view node, or a slice stated as one) -> that term."""
+
+    def _kept_twin(self, reduced: str, fn: str, source: str, dim: int, keepdim: bool, meta: TensorMeta) -> None:
+        """A reduction keeping its dim is the one without it, viewed with a size-1 dim there (and
+        the other way round): both are stated, so a program that keeps the dim (`amax(-1,
+        keepdim=True)` before a MAX all-reduce) meets one that does not (Megatron's
+        `max(dim=-1)[0]`) in the same operations, and the rules of each form apply to both."""
+        source_shape = self.meta_of[source].shape
+        position = len(source_shape) + dim
+        kept = list(source_shape)
+        kept[position] = 1
+        rows = [*source_shape[:position], *source_shape[position + 1 :]]
+        kept_meta, rows_meta = TensorMeta(tuple(kept), meta.dtype), TensorMeta(tuple(rows), meta.dtype)
+        if keepdim:
+            twin = self.let(self._fresh("unkept"), f"(Red {_q(fn)} {source} {dim} 0)", rows_meta)
+            self.commands.append(f"(union {reduced} {self._view(twin, tuple(rows), kept_meta)})")
+        else:
+            twin = self.let(self._fresh("kept"), f"(Red {_q(fn)} {source} {dim} 1)", kept_meta)
+            self.commands.append(f"(union {self._view(reduced, tuple(rows), kept_meta)} {twin})")
+
+    def _view_of_view_twin(self, name: str, viewed: str, meta: TensorMeta) -> None:
+        """x.view(s1).view(s2) is x.view(s2): reshapes only ever read the row-major order. `viewed`
+        is the term viewed; a view of a view (or of a slice stated as one) is written from its
+        source as well."""
+        source = self._view_sources.get(viewed)
+        if source is not None and source in self.meta_of:
+            self.commands.append(f"(union {name} {self._view(source, self.meta_of[source].shape, meta)})")
+        self._view_sources[self.same_as(name)] = source if source is not None and source in self.meta_of else viewed
+
+    def _slice_of_view_twin(self, node: Node, name: str, sliced: str) -> None:
+        """x.view(s)[..., a:b, ...] as the view of x's slices (`slice_of_view_pieces`)."""
+        source = self._view_sources.get(sliced)
+        if source is None or source not in self.meta_of:
+            return
+        a = node.attrs
+        viewed = self.meta_of[sliced].shape
+        dim = a["dim"] if a["dim"] < 0 else a["dim"] - len(viewed)
+        source_shape = self.meta_of[source].shape
+        found = slice_of_view_pieces(source_shape, viewed, dim, a["start"], a["end"])
+        if found is None:
+            return
+        source_dim, ranges = found
+        dtype = node.meta.dtype
+        parts, shapes = [], []
+        for start, end in ranges:
+            shape = list(source_shape)
+            shape[len(source_shape) + source_dim] = end - start
+            shapes.append(tuple(shape))
+            term = f"(Slice {source} {source_dim} {start} {end})"
+            parts.append(self.let(self._fresh("piece"), term, TensorMeta(tuple(shape), dtype)))
+        joined = self._cat(parts, shapes, source_dim, dtype)
+        joined_shape = self.meta_of[joined].shape
+        self.commands.append(f"(union {name} {self._view(joined, joined_shape, node.meta)})")
+        self._view_sources[self.same_as(name)] = joined

@@ -1,0 +1,91 @@
+"""A slice of a view is stated equal to the view of slices of the view's source, and a view of a view
+to the view of its source (verify/twins.py): the identities are checked on concrete tensors (the
+pieces `slice_of_view_pieces` names, over every slice of small views; the encoder's unions through
+the rule checker's meaning of each term)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from term_values import unions_hold
+from torch import nn
+
+from shardproof.capture.normalize import to_graph
+from shardproof.graph.model import Graph
+from shardproof.verify.encode import encode_unit
+from shardproof.verify.twins import MOST_SLICE_PIECES, slice_of_view_pieces
+
+_VIEWS = [
+    ((2, 12), (2, 3, 4)),
+    ((2, 12), (2, 1, 12)),
+    ((2, 12), (6, 4)),
+    ((24,), (2, 3, 4)),
+    ((4, 6), (2, 2, 6)),
+    ((4, 6), (4, 2, 3)),
+    ((2, 8, 32), (2, 8, 2, 16)),
+    ((3, 1, 8), (3, 2, 4)),
+]
+
+
+@pytest.mark.parametrize(("source", "viewed"), _VIEWS)
+def test_every_slice_of_a_view_that_has_pieces_is_the_view_of_their_concatenation(source, viewed) -> None:
+    x = torch.randn(source, dtype=torch.float64)
+    found = 0
+    for position, size in enumerate(viewed):
+        dim = position - len(viewed)
+        for start, end in itertools.combinations(range(size + 1), 2):
+            pieces = slice_of_view_pieces(source, viewed, dim, start, end)
+            expected = x.view(viewed).narrow(position, start, end - start)
+            if pieces is None:
+                continue
+            found += 1
+            source_dim, ranges = pieces
+            joined = torch.cat([x.narrow(source_dim, s, e - s) for s, e in ranges], dim=source_dim)
+            assert torch.equal(joined.view(expected.shape), expected), (dim, start, end)
+    assert found, "some slice of every view here reads whole rows of its source"
+
+
+def test_a_slice_of_an_outer_dim_split_from_an_inner_one_has_no_pieces() -> None:
+    # [2, 12] -> [6, 4]: rows 0:3 of the view mix both source rows' halves; no source dim holds them
+    assert slice_of_view_pieces((2, 12), (6, 4), -2, 0, 3) is None
+    # the whole dim and a size-1 dim are no slice to rewrite
+    assert slice_of_view_pieces((2, 12), (2, 3, 4), -1, 0, 4) is None
+    assert slice_of_view_pieces((2, 12), (2, 1, 12), -2, 0, 1) is None
+    # more pieces than the bound: no twin
+    wide = MOST_SLICE_PIECES + 1
+    assert slice_of_view_pieces((wide * 4,), (wide, 4), -1, 0, 2) is None
+
+
+def _graph(forward, *shapes: tuple[int, ...]) -> Graph:
+    class Call(nn.Module):
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return forward(*args)
+
+    inputs = tuple(torch.randn(s, device="meta") for s in shapes)
+    return to_graph(torch.export.export(Call(), inputs, strict=False), "reference", None, 1, None)
+
+
+def _grouped_split(mixed: torch.Tensor) -> torch.Tensor:
+    """Megatron's fused QKV output: [batch, seq, groups, (heads per group + 2) * head_dim], split."""
+    b, s, _ = mixed.shape
+    q, k, v = mixed.view(b, s, 2, 16).split([8, 4, 4], dim=-1)
+    return q.reshape(b, s, 4, 4) * torch.cat([k, v], dim=-1).reshape(b, s, 4, 4)
+
+
+def test_the_encoder_states_the_twins_of_a_grouped_split_and_they_hold() -> None:
+    graph = _graph(_grouped_split, (2, 3, 32))
+    commands = encode_unit(graph, {}, []).commands
+    pieces = [c for c in commands if c.startswith("(let ") and "piece" in c.split()[1]]
+    assert len(pieces) == 6, "three slices of the view, each two pieces of the source (one per group)"
+    # every union is checked on concrete tensors, the twins among them
+    assert unions_hold(commands, {"0": torch.randn(2, 3, 32, dtype=torch.float64)}) >= 4
+
+
+def test_a_view_of_a_view_is_stated_as_the_view_of_the_source() -> None:
+    graph = _graph(lambda x: (x.view(4, 3, 2) * 2).view(2, 2, 6).view(24), (6, 4))
+    commands = encode_unit(graph, {}, []).commands
+    twins = [c for c in commands if c.startswith("(union ") and "view" in c]
+    assert twins, "the last view is stated as a view of the doubled value"
+    assert unions_hold(commands, {"0": torch.randn(6, 4, dtype=torch.float64)}) >= 1
