@@ -47,6 +47,19 @@ def test_every_slice_of_a_view_that_has_pieces_is_the_view_of_their_concatenatio
     assert found, "some slice of every view here reads whole rows of its source"
 
 
+@pytest.mark.parametrize(
+    ("source", "viewed", "dim", "span", "expected"),
+    [
+        ((2, 12), (2, 3, 4), -3, (1, 2), (-2, [(1, 2)])),  # the view keeps the outer dim
+        ((2, 8, 32), (2, 8, 2, 16), -1, (0, 8), (-1, [(0, 8), (16, 24)])),  # a part of every group
+        ((2, 8, 32), (2, 8, 2, 16), -2, (1, 2), (-1, [(16, 32)])),  # one group of them
+        ((2, 8, 8), (2, 8, 2, 1, 4), -3, (1, 2), (-1, [(4, 8)])),  # `unbind` of [2, 1, head_dim]
+    ],
+)
+def test_the_pieces_of_slices_of_splits(source, viewed, dim, span, expected) -> None:
+    assert slice_of_view_pieces(source, viewed, dim, *span) == expected
+
+
 def test_a_slice_of_an_outer_dim_split_from_an_inner_one_has_no_pieces() -> None:
     # [2, 12] -> [6, 4]: rows 0:3 of the view mix both source rows' halves; no source dim holds them
     assert slice_of_view_pieces((2, 12), (6, 4), -2, 0, 3) is None

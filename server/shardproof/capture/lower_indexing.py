@@ -11,6 +11,7 @@ import torch.fx
 
 from ..graph.model import TensorMeta
 from ..relations.expr import norm_dim
+from . import example_values
 from .lowering_tables import _filled_with, _is_arange, _literal, _meta_of, _scalar_literal
 
 
@@ -160,15 +161,15 @@ class IndexingLowering:
         smoothing e, (1 - e) * loss + e * (log(s) - sum(z) / C). The same function (for any m
         constant along the classes) in the form whose pieces a parallel program computes on its
         vocabulary shard. Targets are taken to be class indices in [0, C), as token ids are for
-        an embedding: the ignore index (-100) is none of them. Logits and targets flattened
-        for the loss (`x.view(-1, C)`, `t.view(-1)`) are taken as they were, and the per-token
-        loss flattened after."""
+        an embedding: the ignore index (-100) is none of them, unless the example's targets show
+        otherwise (`_ignoring`). Logits and targets flattened for the loss (`x.view(-1, C)`,
+        `t.view(-1)`) are taken as they were, and the per-token loss flattened after."""
 
         def arg(i: int, name: str, default: Any) -> Any:
             return args[i] if len(args) > i else kwargs.get(name, default)
 
         weight, reduction = arg(2, "weight", None), arg(3, "reduction", 1)
-        smoothing = float(arg(5, "label_smoothing", 0.0))
+        ignore_index, smoothing = int(arg(4, "ignore_index", -100)), float(arg(5, "label_smoothing", 0.0))
         logits, targets = self.value(args[0]), self.value(args[1])
         logits_meta, targets_meta = self.meta(logits), self.meta(targets)
         if weight is not None or reduction not in (0, 1, 2) or targets_meta.dtype not in ("int64", "int32"):
@@ -208,6 +209,12 @@ class IndexingLowering:
             kept_loss = step("scalar", [loss], {"fn": "mul", "value": 1.0 - smoothing}, rows, "nll_share")
             smooth = step("scalar", [uniform], {"fn": "mul", "value": smoothing}, rows, "smooth_share")
             loss = step("binary", [kept_loss, smooth], {"fn": "add"}, rows, "smoothed")
+        ignored = self._ignoring(fx, targets, ignore_index, classes)
+        if ignored is not None:
+            loss = step("fill", [loss, ignored], {"value": 0.0}, rows, "nll_kept")
+            if reduction == 1:
+                self._mean_over_kept(fx, loss, ignored, meta)
+                return True
         if flattened is not None:
             loss = self.view(fx, loss, TensorMeta(flattened, dtype), suffix=".flat")
         if reduction == 0:
@@ -216,6 +223,46 @@ class IndexingLowering:
             every = list(range(-self.meta(loss).ndim, 0))
             self._reduce(fx, loss, "mean" if reduction == 1 else "sum", every, False, meta)
         return True
+
+    def _ignoring(self, fx: torch.fx.Node, targets: str, ignore_index: int, classes: int) -> str | None:
+        """The mask of the targets equal to the ignore index, when the example's targets (an input,
+        or a view or slice of one: labels shifted for next-token prediction) hold a value outside
+        [0, C): torch leaves those tokens out of the loss and of the mean's count (example_values.py);
+        None when they are class indices throughout."""
+        source = targets
+        while (node := self.nodes_by_id.get(source)) is not None and node.op in ("view", "slice") and node.inputs:
+            source = node.inputs[0]
+        placeholder = next((p for p in self.graph.placeholders if p.id == source and p.kind == "input"), None)
+        if placeholder is None or not placeholder.target.isdigit():
+            return None
+        observed = example_values.input_range(int(placeholder.target))
+        if observed is None or (observed[0] >= 0 and observed[1] < classes):
+            return None
+        mask = TensorMeta(self.meta(targets).shape, "bool")
+        return self.add(fx, "scalar", [targets], {"fn": "eq", "value": ignore_index}, mask, suffix=".ignored")
+
+    def _mean_over_kept(self, fx: torch.fx.Node, loss: str, ignored: str, meta: TensorMeta) -> None:
+        """The mean of the per-token loss over the tokens not ignored, as torch's reduction takes
+        it: the sum of the loss (zero where ignored) over the count of the rest, each summed one
+        dim at a time as a program's `.sum()` is (over the targets' own shape)."""
+        loss_meta = self.meta(loss)
+        kept = self.add(fx, "unary", [ignored], {"fn": "logical_not"}, self.meta(ignored), suffix=".kept")
+        counted = self.add(fx, "unary", [kept], {"fn": "cast_" + loss_meta.dtype}, loss_meta, suffix=".counted")
+        every = list(range(-loss_meta.ndim, 0))
+        total = self._summed(fx, loss, every, meta, "loss_sum")
+        count = self._summed(fx, counted, every, meta, "count")
+        self.add(fx, "binary", [total, count], {"fn": "div"}, meta)
+
+    def _summed(self, fx: torch.fx.Node, source: str, dims: list[int], meta: TensorMeta, name: str) -> str:
+        """`source` summed over `dims` one dim at a time (negative, outermost first), to `meta`."""
+        current = source
+        for i, d in enumerate(dims):
+            shape = list(self.meta(current).shape)
+            del shape[len(shape) + d]
+            step_meta = TensorMeta(tuple(shape), meta.dtype if i == len(dims) - 1 else self.meta(current).dtype)
+            attrs = {"fn": "sum", "dim": d, "keepdim": False}
+            current = self.add(fx, "reduce", [current], attrs, step_meta, suffix=f".{name}{i}")
+        return current
 
     def op_one_hot(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         """one_hot(x, n) is unsqueeze(x, -1) == arange(n), as int64: elementwise in x."""

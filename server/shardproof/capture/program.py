@@ -28,7 +28,7 @@ from ..errors import ConfigError, UserCodeError, user_code_error
 from ..graph.model import Frame, Graph, ModulePlacement
 from ..graph.numbers import BuilderNumbers
 from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
-from . import collector, dtensor, environment
+from . import collector, dtensor, environment, example_values
 from .blocks import tensor_attributes
 from .fake_pg import fake_rank, group_ranks
 from .folding import LiteralValues
@@ -545,6 +545,7 @@ class CheckCapture:
         inputs = _call_user(self.make_inputs, "making the example inputs")
         if not isinstance(inputs, tuple):
             inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
+        example_values.remember(inputs)
         return inputs
 
     @collector.paused()

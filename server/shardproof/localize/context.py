@@ -34,6 +34,7 @@ class Context(Blame, Pictures, Plans):
         self.rank_nodes = [g.node_map() for g in evidence.ranks]
         self.rank_placeholders = [{p.id: p for p in g.placeholders} for g in evidence.ranks]
         self.rank_consumers = [g.consumers() for g in evidence.ranks]
+        self.ref_consumers = self.reference.consumers()
         self.topo = {n.id: i for i, n in enumerate(self.reference.nodes)}
         self.ref_lines = reference_lines(self.reference)
         # user line -> the library frame it called into, for every rank site shown (related info)
@@ -132,15 +133,33 @@ class Context(Blame, Pictures, Plans):
 
     def departure(self, ref_node: Node, rank: int) -> Node | None:
         """The rank's first value (in graph order) that reads a value related to an input of
-        `ref_node` and has no relation of its own: where its computation stops following the
-        reference's, when no node plays `ref_node`'s part (`aligned`)."""
+        `ref_node`, has no relation of its own and leads to none: where its computation stops
+        following the reference's, when no node plays `ref_node`'s part (`aligned`). A value whose
+        results are related again (the rank's own mask of its vocabulary shard, read by a pick
+        that is the reference's) is a step of the rank's way to a reference value, not a
+        departure from it."""
         related = {
             v for value in ref_node.inputs for _, vals in self.index.relations(value, rank, every=True) for v in vals
         }
+        rejoins = self._rejoining(rank)
         for node in self.ev.ranks[rank].nodes:
-            if any(v in related for v in node.inputs) and not self.is_related(rank, node.id):
+            if any(v in related for v in node.inputs) and not self.is_related(rank, node.id) and node.id not in rejoins:
                 return node
         return None
+
+    def consumers_in_reference(self, value: str) -> list[Node]:
+        """The reference's nodes that read `value`, in graph order."""
+        users = sorted(set(self.ref_consumers.get(value, [])), key=self.topo.__getitem__)
+        return [self.ref_nodes[c] for c in users]
+
+    def _rejoining(self, rank: int) -> set[str]:
+        """The rank's values from which a related value is computed (in graph order, backwards)."""
+        nodes = self.ev.ranks[rank].nodes
+        rejoins: set[str] = set()
+        for node in reversed(nodes):
+            if node.id in rejoins or self.is_related(rank, node.id):
+                rejoins.update(node.inputs)
+        return rejoins
 
     def downstream_all_reduce(
         self, rank: int, value: str, depth: int = 8, kinds: tuple[str, ...] = ("all_reduce",)

@@ -153,6 +153,14 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
         # the broken value's inputs and is not related itself is where its computation departs
         # from the reference's (an exchange, a regrouping)
         departure = ctx.departure(*first)
+        if departure is None:
+            # the rank reads the broken value's inputs only on its way to values it shares with the
+            # reference (a mask the reference makes of the targets, which the rank never applies):
+            # it departs where the reference would use the value (its consumers, in order)
+            for consumer in ctx.consumers_in_reference(first[0].id):
+                departure = ctx.departure(consumer, first[1])
+                if departure is not None:
+                    break
         if departure is not None:
             fallback.primary = ctx.rank_site(departure, "the rank's computation departs from the reference's here")
             fallback.parallel_nodes = fallback.parallel_nodes or [f"rank{first[1]}/{departure.id}"]

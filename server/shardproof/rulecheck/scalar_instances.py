@@ -140,3 +140,20 @@ def _(g: Gen) -> dict[str, Any]:
 @near_miss("division-undoes-multiple", "multiple-undoes-division")
 def _(g: Gen) -> dict[str, Any]:
     return {"X": g.tensor(*_shape(g, g.int(1, 3))), "a": 0}  # (X * 0) / 0 and (X / 0) * 0 are not X
+
+
+for _kind in ("float", "integer"):
+
+    @instance(f"not-of-equal-is-not-equal-{_kind}", f"not-of-not-equal-is-equal-{_kind}")
+    def _(g: Gen, integer: bool = _kind == "integer") -> dict[str, Any]:
+        """Values some of which equal the constant (class ids and an ignore index; floats)."""
+        if integer:
+            c = g.pick((-100, 0, 3))
+            x = g.ids((3, 4), 5)
+            x[0, 0] = c
+            return {"x": x, "c": c}
+        c = g.pick((-1.0, 0.5, 2.0))
+        x = g.tensor(3, 4)
+        x[0, 1] = c
+        x[1, 2] = float("nan")
+        return {"x": x, "c": scalars.factor_text(c)}

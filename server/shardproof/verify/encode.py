@@ -417,6 +417,8 @@ class Encoder(FactoredTerms, CollectiveLowering, MovementTwins):
             reduced = self.let(name, f"(Red {_q(a['fn'])} {ins[0]} {a['dim']} {1 if a['keepdim'] else 0})", meta)
             if own_inputs:
                 self._kept_twin(reduced, a["fn"], ins[0], a["dim"], a["keepdim"], meta)
+                if not self.factor_out:
+                    self._reduce_of_view_twin(reduced, a["fn"], ins[0], a["dim"], a["keepdim"], meta)
         elif op == "softmax":
             self.let(name, f"(Softmax {ins[0]} {a['dim']})", meta)
         elif op == "along":

@@ -121,3 +121,19 @@ _rule(
     "(X * a) * b = X * c with c = a * b for integers a, b (the encoder's scintprod facts)",
     '(rule ((= y (ScI "mul" (ScI "mul" X a) b)) (scintprod a b c)) ((union y (ScI "mul" X c))))',
 )
+
+for _term in ("Sc", "ScI"):
+    _kind = "float" if _term == "Sc" else "integer"
+    _rule(
+        f"not-of-equal-is-not-equal-{_kind}",
+        "elementwise",
+        "not (x == c) is x != c, NaN included (torch's ignored targets `target == -100`, negated for the tokens "
+        "a loss counts, against a loss mask written `target != -100`)",
+        f'(rule ((= y (Un "logical_not" ({_term} "eq" x c)))) ((union y ({_term} "ne" x c))))',
+    )
+    _rule(
+        f"not-of-not-equal-is-equal-{_kind}",
+        "elementwise",
+        "not (x != c) is x == c, NaN included",
+        f'(rule ((= y (Un "logical_not" ({_term} "ne" x c)))) ((union y ({_term} "eq" x c))))',
+    )

@@ -5,10 +5,14 @@ rules written for each form apply to both.
 
 - a reduction keeping its dim is the one without it, viewed with the size-1 dim (`_kept_twin`);
 - a view of a view is a view of the first view's source (`_view_of_view_twin`);
-- a slice of a view along a dim that the view carries over whole (or splits, the sliced dim inner)
-  is a view of slices of the source (`_slice_of_view_twin`): Megatron's fused QKV output viewed
-  [batch, seq, groups, (heads per group + 2) * head_dim] and split per group is, group by group, a
-  slice of the linear's output, which the slice-of-concatenation rules read as one projection.
+- a slice of a view along a dim that one dim of the source holds whole (the view keeps it, or
+  splits it into parts, one of them sliced) is a view of slices of the source
+  (`_slice_of_view_twin`): Megatron's fused QKV output viewed [batch, seq, groups, (heads per group
+  + 2) * head_dim] and split per group is, group by group, a slice of the linear's output, which
+  the slice-of-concatenation rules read as one projection;
+- a reduction along a dim a view keeps is the view of the source's reduction along it
+  (`_reduce_of_view_twin`): logits flattened to [tokens, vocab] for a loss, reduced over the
+  vocabulary, are the per-token reductions of the unflattened logits.
 
 Each is a fact of reshape's row-major order, checked on concrete tensors in
 tests/unit/test_movement_twins.py and tests/unit/test_kept_reductions.py.
@@ -32,21 +36,34 @@ def slice_of_view_pieces(
     """How `source.view(viewed)` sliced along `dim` (negative) over [start, end) is `source`
     sliced along one of its dims: (that dim, negative; the ranges of it, in order, whose
     concatenation viewed with the slice's shape is the slice). None when no source dim holds the
-    sliced dim whole: the elements after the sliced dim (Q of them, row-major) must be exactly the
-    source's elements after some dim d, whose size is then g times the sliced dim's (the view's
-    dims before the sliced one split d's outer part, g indices of it), so view index (p, k, q) is
-    source index (p // g, (p % g) * K + k, q)."""
+    sliced dim whole.
+
+    Row-major, the view's index (p, k, q) (q over the Q elements after the sliced dim, k over its
+    K) is the element p * K * Q + k * Q + q. When the source's dims after some dim d hold T
+    elements, T divides Q, and d's size is g * K * (Q / T), that is the source's index (p // g,
+    (p % g) * K * Q' + k * Q' + q // T, q % T) with Q' = Q / T: the slice [start, end) of the view's
+    dim is, for each of the g outer indices, the range [start * Q', end * Q') of d shifted by
+    i * K * Q'. T = Q is a split whose inner part is sliced (Megatron's per-group split), T < Q a
+    split whose outer part is (`unbind` of a [2, heads, head_dim] view)."""
     position = len(viewed) + dim
     size = viewed[position]
     if size <= 1 or not 0 <= start < end <= size or (start, end) == (0, size):
         return None
     inner = math.prod(viewed[position + 1 :])
-    for d in range(len(source)):
-        if math.prod(source[d + 1 :]) == inner and source[d] % size == 0 and source[d] >= size > 1:
-            pieces = source[d] // size
-            if pieces > MOST_SLICE_PIECES:
-                return None
-            return d - len(source), [(i * size + start, i * size + end) for i in range(pieces)]
+    for d in range(len(source) - 1, -1, -1):
+        after = math.prod(source[d + 1 :])
+        if inner >= after * source[d]:
+            continue  # the elements after the sliced dim cover d too: the sliced dim lies further out
+        if inner % after:
+            return None
+        within = inner // after  # Q': the elements of d after the sliced dim's index
+        block = size * within
+        if source[d] % block:
+            return None
+        pieces = source[d] // block
+        if pieces > MOST_SLICE_PIECES:
+            return None
+        return d - len(source), [(i * block + start * within, i * block + end * within) for i in range(pieces)]
     return None
 
 
@@ -71,6 +88,34 @@ class MovementTwins:
         else:
             twin = self.let(self._fresh("kept"), f"(Red {_q(fn)} {source} {dim} 1)", kept_meta)
             self.commands.append(f"(union {self._view(reduced, tuple(rows), kept_meta)} {twin})")
+
+    def _reduce_of_view_twin(
+        self, reduced: str, fn: str, viewed: str, dim: int, keepdim: bool, meta: TensorMeta
+    ) -> None:
+        """x.view(s).f(d) is x.f(d').view(..) when d' is a dim of x that the view keeps whole (the
+        same size, and the same elements after it): every fiber along d is one along d', in order."""
+        source = self._view_sources.get(viewed)
+        if source is None or source not in self.meta_of:
+            return
+        source_shape, shape = self.meta_of[source].shape, self.meta_of[viewed].shape
+        position = len(shape) + dim if dim < 0 else dim
+        inner = math.prod(shape[position + 1 :])
+        kept = [
+            d
+            for d in range(len(source_shape))
+            if source_shape[d] == shape[position] > 1 and math.prod(source_shape[d + 1 :]) == inner
+        ]
+        if not kept:
+            return
+        d = kept[0]
+        twin_shape = list(source_shape)
+        if keepdim:
+            twin_shape[d] = 1
+        else:
+            del twin_shape[d]
+        term = f"(Red {_q(fn)} {source} {d - len(source_shape)} {1 if keepdim else 0})"
+        twin = self.let(self._fresh("reduced"), term, TensorMeta(tuple(twin_shape), meta.dtype))
+        self.commands.append(f"(union {reduced} {self._view(twin, tuple(twin_shape), meta)})")
 
     def _view_of_view_twin(self, name: str, viewed: str, meta: TensorMeta) -> None:
         """x.view(s1).view(s2) is x.view(s2): reshapes only ever read the row-major order. `viewed`

@@ -227,6 +227,20 @@ def cross_entropy(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return VocabParallelLoss(ref, rank, world_size)
 
 
+class MaskedVocabParallelLoss(VocabParallelLoss):
+    """Megatron's per-token loss averaged with the loss mask (the tokens whose label is not the
+    ignore index), as its pretraining loop does: `(losses * loss_mask).sum() / loss_mask.sum()`."""
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss_mask = (targets != -100).float()
+        losses = vocab_parallel_cross_entropy(F.linear(x, self.weight), targets)
+        return (losses * loss_mask).sum() / loss_mask.sum()
+
+
+def masked_cross_entropy(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return MaskedVocabParallelLoss(ref, rank, world_size)
+
+
 class VocabParallelSoftmax(nn.Module):
     """Softmax over vocabulary-sharded logits: the max all-reduced with MAX, the exponentials'
     sum all-reduced; each rank keeps the probabilities of its own vocabulary block."""

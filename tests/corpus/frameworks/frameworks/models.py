@@ -505,6 +505,15 @@ def tokens_and_targets() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, SEQ, HIDDEN), _ids((BATCH, SEQ), 1)
 
 
+def tokens_and_masked_targets() -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face-style labels: the first tokens of each sequence (a prompt) and the last of the
+    second (padding) are -100, which the loss ignores."""
+    targets = _ids((BATCH, SEQ), 1)
+    targets[:, :2] = -100
+    targets[1, -3:] = -100
+    return torch.randn(BATCH, SEQ, HIDDEN), targets
+
+
 def ids_and_targets() -> tuple[torch.Tensor, torch.Tensor]:
     return _ids((BATCH, SEQ), 0), _ids((BATCH, SEQ), 1)
 

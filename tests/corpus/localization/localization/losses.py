@@ -72,3 +72,35 @@ class MaxNotAddedBack(_VocabShard):
 
 def max_not_added_back(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return MaxNotAddedBack(ref, rank, world_size)
+
+
+class LMHeadLoss(nn.Module):
+    """The reference: the mean cross entropy of the LM head's logits over the labelled tokens
+    (torch leaves out the labels equal to -100, its default ignore index)."""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(x)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+
+
+class MeanOverEveryToken(_VocabShard):
+    """Megatron-style vocabulary-parallel cross entropy, averaged over every token."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)
+        start = dist.get_rank() * logits.shape[-1]
+        logits_max = all_reduce_max(logits.amax(dim=-1))
+        shifted = logits - logits_max.unsqueeze(-1)
+        outside = (labels < start) | (labels >= start + logits.shape[-1])
+        local = (labels - start).masked_fill(outside, 0)
+        picked = all_reduce_sum(shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0))
+        losses = all_reduce_sum(shifted.exp().sum(dim=-1)).log() - picked
+        return losses.mean()
+
+
+def mean_over_every_token(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return MeanOverEveryToken(ref, rank, world_size)

@@ -357,3 +357,16 @@ def lm_head_z_loss() -> nn.Module:
     from .losses import LMHeadZLoss
 
     return LMHeadZLoss(VOCAB, HIDDEN)
+
+
+def lm_head_loss() -> nn.Module:
+    from .losses import LMHeadLoss
+
+    return LMHeadLoss(VOCAB, HIDDEN)
+
+
+def tokens_and_labels() -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden states and labels, the first two of each sequence -100 (a prompt the loss ignores)."""
+    labels = _ids(VOCAB, 1)
+    labels[:, :2] = -100
+    return torch.randn(BATCH, SEQ, HIDDEN), labels
