@@ -102,3 +102,19 @@ def test_a_view_of_a_view_is_stated_as_the_view_of_the_source() -> None:
     twins = [c for c in commands if c.startswith("(union ") and "view" in c]
     assert twins, "the last view is stated as a view of the doubled value"
     assert unions_hold(commands, {"0": torch.randn(6, 4, dtype=torch.float64)}) >= 1
+
+
+def test_an_operand_viewed_with_leading_unit_dims_is_stated_without_them() -> None:
+    graph = _graph(lambda x, b: x + b.view(1, -1, 1, 1), (2, 3, 4, 4), (3,))
+    commands = encode_unit(graph, {}, []).commands
+    assert any(c.startswith("(union ") and "(Bin " in c for c in commands), "the add with the bias viewed (3, 1, 1)"
+    values = {"0": torch.randn(2, 3, 4, 4, dtype=torch.float64), "1": torch.randn(3, dtype=torch.float64)}
+    assert unions_hold(commands, values) >= 1
+
+
+@pytest.mark.parametrize("fn", ["amax", "sum"])
+def test_a_reduction_of_a_view_along_a_dim_it_keeps_is_the_view_of_the_reduction(fn) -> None:
+    graph = _graph(lambda x: getattr(x.view(6, 4), fn)(dim=-1), (2, 3, 4))
+    commands = encode_unit(graph, {}, []).commands
+    assert any("reduced" in c.split()[1] for c in commands if c.startswith("(let ")), "the source's reduction"
+    assert unions_hold(commands, {"0": torch.randn(2, 3, 4, dtype=torch.float64)}) >= 2

@@ -127,8 +127,12 @@ class FunctionLowering:
         operation of its own, `shardproof::depthwise_convolution`, without the group count (it is
         the number of channels): a rank convolving its block of the channels with its block of
         the filters is then the same operation as the reference's on fewer channels, and a rule
-        (`depthwise-convolution-of-channel-blocks`) relates the two. Any other convolution stays
-        torch's."""
+        (`depthwise-convolution-of-channel-blocks`) relates the two. A dense convolution (one
+        group) likewise as `shardproof::convolution`: a block of its filters gives that block of
+        the output's channels, a block of the input's channels with those of the filters a partial
+        sum (`convolution-without-bias-of-output-channel-blocks`, `convolution-of-input-channel-
+        blocks`: a patch embedding or a convolutional layer split column- or row-parallel), its bias
+        added after, per channel. Any other convolution stays torch's."""
         names = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
         bound = dict(zip(names, args, strict=False)) | kwargs
         source, weight, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
@@ -136,13 +140,25 @@ class FunctionLowering:
             return False
         channels = self.meta(self.value(source)).shape[1]
         filters = self.meta(self.value(weight)).shape
-        if bound.get("groups") != channels or filters[0] != channels or filters[1] != 1:
+        groups = bound.get("groups", 1)
+        if groups == 1 and filters[1] == channels:
+            target = "shardproof::convolution"
+        elif groups == channels and filters[0] == channels and filters[1] == 1:
+            target = "shardproof::depthwise_convolution"
+        else:
             return False
         inputs = [self.value(source), self.value(weight)]
+        literal = [[int(v) for v in bound.get(key, ())] for key in ("stride", "padding", "dilation")]
+        attrs = {"target": target, "args": literal, "kwargs": [], "index": 0}
+        if isinstance(bias, torch.fx.Node) and target == "shardproof::convolution":
+            # the bias added after, as a linear's is: a row-parallel rank adds it once, after its sum
+            product = self.add(fx, "generic", inputs, attrs, meta, suffix=".nobias")
+            spread = (meta.shape[1],) + (1,) * (len(meta.shape) - 2)
+            per_channel = self.view(fx, self.value(bias), TensorMeta(spread, meta.dtype), suffix=".bias")
+            self.add(fx, "binary", [product, per_channel], {"fn": "add"}, meta)
+            return True
         if isinstance(bias, torch.fx.Node):
             inputs.append(self.value(bias))
-        literal = [[int(v) for v in bound.get(key, ())] for key in ("stride", "padding", "dilation")]
-        attrs = {"target": "shardproof::depthwise_convolution", "args": literal, "kwargs": [], "index": 0}
         self.add(fx, "generic", inputs, attrs, meta)
         return True
 

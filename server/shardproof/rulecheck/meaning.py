@@ -302,11 +302,15 @@ def _generic(key: str, tensors: list[torch.Tensor], args: str) -> torch.Tensor:
     if key == "aten::embedding_dense_backward#0":
         _grad, _ids, num_weights, padding_idx, scale = literal
         return torch.ops.aten.embedding_dense_backward(tensors[0], tensors[1].long(), num_weights, padding_idx, scale)
-    if key == "shardproof::depthwise_convolution#0":
+    if key in ("shardproof::depthwise_convolution#0", "shardproof::convolution#0"):
         stride, padding, dilation = literal
         convolve = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[tensors[0].dim()]
         bias = tensors[2] if len(tensors) > 2 else None
-        return convolve(tensors[0], tensors[1], bias, stride, padding, dilation, groups=tensors[0].shape[1])
+        groups = tensors[0].shape[1] if key.startswith("shardproof::depthwise") else 1
+        agree = tensors[1].shape[1] * groups == tensors[0].shape[1]
+        if not agree or (bias is not None and bias.shape[0] != tensors[1].shape[0]):
+            raise Undefined("a convolution's filters, bias and input channels must agree")
+        return convolve(tensors[0], tensors[1], bias, stride, padding, dilation, groups=groups)
     if key == "aten::index_put#0" and literal == ["<tensor>", ["<tensor>"], "<tensor>"]:
         base, index, values = tensors
         if index.dtype.is_floating_point or (index.numel() and (index.min() < 0 or index.max() >= base.shape[0])):

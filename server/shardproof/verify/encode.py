@@ -409,6 +409,8 @@ class Encoder(FactoredTerms, CollectiveLowering, MovementTwins):
             self.let(name, f"(Bin {_q(a['fn'])} {ins[0]} {ins[1]})", meta)
             if a["fn"] == "add" and own_inputs and not self.factor_out and all(i in self.meta_of for i in ins):
                 self.sums.note_addition(self.same_as(name), ins, [self.meta_of[i] for i in ins], meta)
+            if own_inputs and not self.factor_out:
+                self._broadcast_twin(name, a["fn"], ins, meta)
         elif op == "where":
             self.let(name, f"(Where {ins[0]} {ins[1]} {ins[2]})", meta)
         elif op == "fill":

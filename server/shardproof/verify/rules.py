@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "43"
+RULE_LIBRARY_VERSION = "44"
 
 
 @dataclass(frozen=True)
@@ -448,6 +448,24 @@ _rule(
     "the same without a bias",
     f"(rule ((= Y (Op2 {_DEPTHWISE} X W a)) (= y (Op2 {_DEPTHWISE} x w a)) (sel X x dx R) "
     "(= dx (- 1 (nd X))) (sel W w dw R) (= dw (- 0 (nd W)))) ((sel Y y dx R)))",
+)
+_CONVOLUTION = '"shardproof::convolution#0"'
+_rule(
+    "convolution-without-bias-of-output-channel-blocks",
+    "matmul",
+    "a convolution computes each output channel from its own filter: a block of the filters gives that block "
+    "of the output's channels (a patch embedding split column-parallel; a bias is added after, per channel)",
+    f"(rule ((= Y (Op2 {_CONVOLUTION} X W a)) (= y (Op2 {_CONVOLUTION} X w a)) (sel W w dw R) "
+    "(= dw (- 0 (nd W))) (= dx (- 1 (nd X)))) ((sel Y y dx R)))",
+)
+_rule(
+    "convolution-of-input-channel-blocks",
+    "matmul",
+    "a convolution sums over its input channels: a block of them, with the filters' block of input channels, "
+    "is that block's contribution (a convolution split row-parallel, its partial sums all-reduced)",
+    f"(rule ((= Y (Op2 {_CONVOLUTION} X W a)) (= y (Op2 {_CONVOLUTION} x w a)) (sel X x dx (RCons s e (RNil))) "
+    "(= dx (- 1 (nd X))) (sel W w dw (RCons s e (RNil))) (= dw (- 1 (nd W))) (= K (sz X dx))) "
+    "((psum Y y s e K)))",
 )
 _rule(
     "matmul-rows",

@@ -10,6 +10,9 @@ rules written for each form apply to both.
   (`_slice_of_view_twin`): Megatron's fused QKV output viewed [batch, seq, groups, (heads per group
   + 2) * head_dim] and split per group is, group by group, a slice of the linear's output, which
   the slice-of-concatenation rules read as one projection;
+- an elementwise op of an operand viewed with leading size-1 dims is the op of the operand
+  without them (`_broadcast_twin`): broadcasting prepends such dims itself, so a bias viewed
+  `(1, C, 1, 1)` and one viewed `(C, 1, 1)` add alike;
 - a reduction along a dim a view keeps is the view of the source's reduction along it
   (`_reduce_of_view_twin`): logits flattened to [tokens, vocab] for a loss, reduced over the
   vocabulary, are the per-token reductions of the unflattened logits.
@@ -116,6 +119,26 @@ class MovementTwins:
         term = f"(Red {_q(fn)} {source} {d - len(source_shape)} {1 if keepdim else 0})"
         twin = self.let(self._fresh("reduced"), term, TensorMeta(tuple(twin_shape), meta.dtype))
         self.commands.append(f"(union {reduced} {self._view(twin, tuple(twin_shape), meta)})")
+
+    def _broadcast_twin(self, name: str, fn: str, operands: list[str], meta: TensorMeta) -> None:
+        """Bin(f, a, b.view(1, .., 1, *s)) is Bin(f, a, b.view(*s)) when the result keeps its dims:
+        stated for an operand a view made with leading size-1 dims (written from the view's source)."""
+        twins, changed = [], False
+        for operand in operands:
+            source = self._view_sources.get(operand)
+            shape = self.meta_of[operand].shape if operand in self.meta_of else ()
+            leading = next((i for i, size in enumerate(shape) if size != 1), len(shape))
+            if source is None or source not in self.meta_of or leading == 0 or len(shape) > len(meta.shape):
+                twins.append(operand)
+                continue
+            stripped = TensorMeta(tuple(shape[leading:]), self.meta_of[operand].dtype)
+            if stripped.shape == self.meta_of[source].shape:
+                twins.append(source)
+            else:
+                twins.append(self._view(source, self.meta_of[source].shape, stripped))
+            changed = True
+        if changed:
+            self.commands.append(f"(union {name} (Bin {_q(fn)} {twins[0]} {twins[1]}))")
 
     def _view_of_view_twin(self, name: str, viewed: str, meta: TensorMeta) -> None:
         """x.view(s1).view(s2) is x.view(s2): reshapes only ever read the row-major order. `viewed`
