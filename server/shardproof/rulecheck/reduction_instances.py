@@ -39,6 +39,21 @@ def _(g: Gen) -> dict[str, Any]:
     return _vocab(g)
 
 
+def _clamped(g: Gen, short: bool) -> dict[str, Any]:
+    """A rank's vocabulary shard looked up by its local ids clamped to its rows (a near miss
+    clamps one row short: the last id inside gets the row before its own)."""
+    vocab, hidden = 12, g.int(2, 4)
+    s, e = g.even_tile(vocab)  # at least 3 ids a rank
+    ids = g.ids((2, g.int(3, 5)), vocab)
+    ids[0, 0] = e - 1  # the shard's last id
+    outside = (ids < s) | (ids >= e)
+    return {"W": g.tensor(vocab, hidden), "I": ids, "s": s, "e": e, "m": outside, "h": e - s - (2 if short else 1)}
+
+
+instance("vocab-clamped-local-lookup")(lambda g: _clamped(g, False))
+near_miss("vocab-clamped-local-lookup")(lambda g: _clamped(g, True))
+
+
 @instance("vocab-masked-lookup-is-partial")
 def _(g: Gen) -> dict[str, Any]:
     bindings = _vocab(g)

@@ -62,6 +62,16 @@ _rule(
     "((embpart y0 Y m s e)))",
 )
 _rule(
+    "vocab-clamped-local-lookup",
+    "embedding",
+    "ids - s clamped to [0, e - s - 1] index rows [s, e) of W for the ids inside [s, e), and some row of the "
+    "shard for the others: looked up in the rank's rows, the ids inside get their rows (a vocabulary shard "
+    "that clamps its local ids instead of masking them, the outside rows zeroed after)",
+    '(rule ((= y0 (Emb w l)) (= l (ScI "minimum" (ScI "maximum" (ScI "sub" I s) 0) h)) '
+    "(sel W w -2 (RCons s e (RNil))) (= h (- (- e s) 1)) (= Y (Emb W I)) (outside m I s e)) "
+    "((embpart y0 Y m s e)))",
+)
+_rule(
     "vocab-masked-lookup-is-partial",
     "embedding",
     "zeroing the outside rows leaves the contribution of vocabulary [s, e) to the lookup",

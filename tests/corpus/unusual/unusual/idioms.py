@@ -451,3 +451,27 @@ def top_k_experts() -> TopKExperts:
 
 def top_k_experts_per_rank(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return TopKExpertsPerRank(ref, rank, world_size)
+
+
+class ClampedVocabShard(nn.Module):
+    """A vocabulary-parallel embedding (30 ids over the ranks, ceil-divided) whose local ids are
+    clamped into the rank's rows instead of masked; the rows of ids outside the shard zeroed by a
+    product with the inside mask, then all-reduced."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        vocab = ref.table.weight.shape[0]
+        block = -(-vocab // world_size)
+        self.start, self.end = rank * block, min((rank + 1) * block, vocab)
+        self.rows = nn.Parameter(ref.table.weight[self.start : self.end].clone())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        inside = (ids >= self.start) & (ids < self.end)
+        local = (ids - self.start).clamp(0, self.end - self.start - 1)
+        rows = F.embedding(local, self.rows) * inside.unsqueeze(-1).to(self.rows.dtype)
+        dist.all_reduce(rows)
+        return rows
+
+
+def clamped_vocab_shard(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ClampedVocabShard(ref, rank, world_size)
