@@ -118,3 +118,10 @@ def test_a_reduction_of_a_view_along_a_dim_it_keeps_is_the_view_of_the_reduction
     commands = encode_unit(graph, {}, []).commands
     assert any("reduced" in c.split()[1] for c in commands if c.startswith("(let ")), "the source's reduction"
     assert unions_hold(commands, {"0": torch.randn(2, 3, 4, dtype=torch.float64)}) >= 2
+
+
+def test_operands_both_stripped_of_the_dims_the_result_keeps_are_not_stated() -> None:
+    # (1, 3, 1) + (1, 3, 1): both without their leading dim would add to (3, 1), not the result's shape
+    graph = _graph(lambda a, b: a.view(1, 3, 1) + b.view(1, 3, 1), (3,), (3,))
+    commands = encode_unit(graph, {}, []).commands
+    assert not any(c.startswith("(union ") and "(Bin " in c for c in commands)

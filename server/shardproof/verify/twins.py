@@ -70,6 +70,19 @@ def slice_of_view_pieces(
     return None
 
 
+def _broadcast(shapes: list[tuple[int, ...] | None]) -> tuple[int, ...] | None:
+    """The shape operands of these shapes broadcast to (None if they do not)."""
+    rank = max(len(shape or ()) for shape in shapes)
+    padded = [(1,) * (rank - len(shape or ())) + tuple(shape or ()) for shape in shapes]
+    out = []
+    for sizes in zip(*padded, strict=True):
+        wide = {n for n in sizes if n != 1}
+        if len(wide) > 1:
+            return None
+        out.append(wide.pop() if wide else 1)
+    return tuple(out)
+
+
 class MovementTwins:
     """The twin statements; the Encoder provides `let`, `_view`, `_cat` and `same_as`, and `_view_sources`:
     each term known to be a view of another (a view node, or a slice stated as one) -> that term."""
@@ -121,8 +134,9 @@ class MovementTwins:
         self.commands.append(f"(union {reduced} {self._view(twin, tuple(twin_shape), meta)})")
 
     def _broadcast_twin(self, name: str, fn: str, operands: list[str], meta: TensorMeta) -> None:
-        """Bin(f, a, b.view(1, .., 1, *s)) is Bin(f, a, b.view(*s)) when the result keeps its dims:
-        stated for an operand a view made with leading size-1 dims (written from the view's source)."""
+        """Bin(f, a, b.view(1, .., 1, *s)) is Bin(f, a, b.view(*s)) when the result keeps its shape
+        (the other operand has the dims): stated for an operand a view made with leading size-1
+        dims (written from the view's source)."""
         twins, changed = [], False
         for operand in operands:
             source = self._view_sources.get(operand)
@@ -137,7 +151,8 @@ class MovementTwins:
             else:
                 twins.append(self._view(source, self.meta_of[source].shape, stripped))
             changed = True
-        if changed:
+        shapes = [self.meta_of[t].shape if t in self.meta_of else None for t in twins]
+        if changed and None not in shapes and _broadcast(shapes) == tuple(meta.shape):
             self.commands.append(f"(union {name} (Bin {_q(fn)} {twins[0]} {twins[1]}))")
 
     def _view_of_view_twin(self, name: str, viewed: str, meta: TensorMeta) -> None:
