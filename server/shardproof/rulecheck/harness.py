@@ -53,6 +53,9 @@ PERMUTATION_RELATIONS = {"pmap", "ptail"}
 COMPOSITION_RELATIONS = {"pcompose", "pinverse"}
 FRONT_END_RELATIONS = {"vkeep", "vsplit", "vmerge", "vunit", "vsqueeze", "emap", "ebk", "ebsrc"} | PERMUTATION_RELATIONS
 FRONT_END_RELATIONS |= COMPOSITION_RELATIONS
+# Which values a program computes (`node`): a rule may confine itself to them, a choice of cost that
+# says nothing of values (no side condition: every instance of it is one of the rule without it).
+GRAPH_HINTS = {"node"}
 _STRUCTURAL_HEADS = set(meaning.TENSOR_CONSTRUCTORS) | meaning.RANGE_CONSTRUCTORS
 _STRUCTURAL_HEADS |= {"multiset-of", "multiset-insert", "multiset-remove"}
 # Casts of every dtype the capture can produce: the encoder declares the ones it sees.
@@ -114,7 +117,7 @@ def parse(rule: Rule) -> ParsedRule:
     guards = []
     seen: set[str] = set()
     for premise in premises:
-        if _structural(premise):
+        if _structural(premise) or head(premise) in GRAPH_HINTS:
             guards.append(False)
         elif head(premise) == "=":
             # `(= n (sz x d))` merely names a size when n is new; it is a condition when n is
@@ -336,7 +339,7 @@ class Instance:
         if name == "multiset-contains":
             members, member = self.evaluate(form[1]), self.evaluate(form[2])
             return isinstance(members, MultiSet) and any(same(m, member) for m in members)
-        if name in ("arin", "a2a-piece"):  # facts about the graph (what feeds or moves), not about values
+        if name in ("arin", "a2a-piece") or name in GRAPH_HINTS:  # facts about the graph, not about values
             self.evaluate(form[1])
             return True
         defined = _DEFINED_ARGUMENT.get(name)

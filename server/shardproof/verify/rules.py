@@ -149,8 +149,9 @@ _rule(
 _rule(
     "selection-within-slice",
     "slicing",
-    "a selection inside the reference's own slice is a selection of it",
-    "(rule ((sel X x d R) (= Y (Slice X d a b))) ((selp Y x d (RClip R a b))))",
+    "a selection inside the reference's own slice is a selection of it (a slice a program computes: one "
+    "that rules or twins write pairs with every rank's selection of its source, most of them outside it)",
+    "(rule ((sel X x d R) (= Y (Slice X d a b)) (node Y v)) ((selp Y x d (RClip R a b))))",
 )
 _rule(
     "slice-other-dim",
