@@ -5,7 +5,10 @@ whose values are known."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from shardproof.capture.normalize import to_graph
+from shardproof.graph.model import Graph
 from shardproof.rulecheck.meaning import Evaluator, Unbound, Undefined, same
 from shardproof.rulecheck.sexpr import head, read_all
 
@@ -58,3 +61,14 @@ def _evaluated(
         except (Unbound, Undefined, ValueError, KeyError):
             continue  # a term over a constant or a parameter this test does not know
     return env, checked
+
+
+def traced(forward, *shapes: tuple[int, ...]) -> Graph:
+    """The reference graph of `forward` on inputs of these shapes (meta tensors)."""
+
+    class Call(nn.Module):
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return forward(*args)
+
+    inputs = tuple(torch.randn(s, device="meta") for s in shapes)
+    return to_graph(torch.export.export(Call(), inputs, strict=False), "reference", None, 1, None)

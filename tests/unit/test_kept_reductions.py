@@ -9,26 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from term_values import unions_hold, values_of
-from torch import nn
+from term_values import traced, unions_hold, values_of
 
-from shardproof.capture.normalize import to_graph
-from shardproof.graph.model import Graph
 from shardproof.verify.encode import Encoder, encode_unit
-
-
-def _graph(forward, *shapes: tuple[int, ...]) -> Graph:
-    class Call(nn.Module):
-        def forward(self, *args: torch.Tensor) -> torch.Tensor:
-            return forward(*args)
-
-    inputs = tuple(torch.randn(s, device="meta") for s in shapes)
-    return to_graph(torch.export.export(Call(), inputs, strict=False), "reference", None, 1, None)
 
 
 @pytest.mark.parametrize(("dims", "keepdim"), [(-1, False), (-1, True), ((0, 2), False), ((1, 2), True)])
 def test_a_logsumexp_is_the_maximum_plus_the_log_of_the_shifted_exponentials_summed(dims, keepdim) -> None:
-    graph = _graph(lambda x: torch.logsumexp(x, dim=dims, keepdim=keepdim), (3, 4, 5))
+    graph = traced(lambda x: torch.logsumexp(x, dim=dims, keepdim=keepdim), (3, 4, 5))
     ops = [(n.op, n.attrs.get("fn")) for n in graph.nodes]
     assert ("reduce", "logsumexp") not in ops
     count = 1 if isinstance(dims, int) else len(dims)
@@ -44,7 +32,7 @@ def test_a_logsumexp_is_the_maximum_plus_the_log_of_the_shifted_exponentials_sum
 @pytest.mark.parametrize("keepdim", [False, True])
 @pytest.mark.parametrize("fn", ["sum", "amax", "mean"])
 def test_a_reduction_and_its_twin_with_the_other_keepdim_are_stated_equal(fn, keepdim) -> None:
-    graph = _graph(lambda x: getattr(x, fn)(dim=1, keepdim=keepdim), (2, 3, 4))
+    graph = traced(lambda x: getattr(x, fn)(dim=1, keepdim=keepdim), (2, 3, 4))
     commands = encode_unit(graph, {}, []).commands
     twins = [c for c in commands if c.startswith("(let ") and (" 1)" in c or " 0)" in c) and "(Red " in c]
     assert len(twins) == 2, "the reduction as captured, and its twin"

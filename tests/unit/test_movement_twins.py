@@ -9,11 +9,8 @@ import itertools
 
 import pytest
 import torch
-from term_values import unions_hold
-from torch import nn
+from term_values import traced, unions_hold
 
-from shardproof.capture.normalize import to_graph
-from shardproof.graph.model import Graph
 from shardproof.verify.encode import encode_unit
 from shardproof.verify.twins import MOST_SLICE_PIECES, slice_of_view_pieces
 
@@ -71,15 +68,6 @@ def test_a_slice_of_an_outer_dim_split_from_an_inner_one_has_no_pieces() -> None
     assert slice_of_view_pieces((wide * 4,), (wide, 4), -1, 0, 2) is None
 
 
-def _graph(forward, *shapes: tuple[int, ...]) -> Graph:
-    class Call(nn.Module):
-        def forward(self, *args: torch.Tensor) -> torch.Tensor:
-            return forward(*args)
-
-    inputs = tuple(torch.randn(s, device="meta") for s in shapes)
-    return to_graph(torch.export.export(Call(), inputs, strict=False), "reference", None, 1, None)
-
-
 def _grouped_split(mixed: torch.Tensor) -> torch.Tensor:
     """Megatron's fused QKV output: [batch, seq, groups, (heads per group + 2) * head_dim], split."""
     b, s, _ = mixed.shape
@@ -88,7 +76,7 @@ def _grouped_split(mixed: torch.Tensor) -> torch.Tensor:
 
 
 def test_the_encoder_states_the_twins_of_a_grouped_split_and_they_hold() -> None:
-    graph = _graph(_grouped_split, (2, 3, 32))
+    graph = traced(_grouped_split, (2, 3, 32))
     commands = encode_unit(graph, {}, []).commands
     pieces = [c for c in commands if c.startswith("(let ") and "piece" in c.split()[1]]
     assert len(pieces) == 6, "three slices of the view, each two pieces of the source (one per group)"
@@ -97,7 +85,7 @@ def test_the_encoder_states_the_twins_of_a_grouped_split_and_they_hold() -> None
 
 
 def test_a_view_of_a_view_is_stated_as_the_view_of_the_source() -> None:
-    graph = _graph(lambda x: (x.view(4, 3, 2) * 2).view(2, 2, 6).view(24), (6, 4))
+    graph = traced(lambda x: (x.view(4, 3, 2) * 2).view(2, 2, 6).view(24), (6, 4))
     commands = encode_unit(graph, {}, []).commands
     twins = [c for c in commands if c.startswith("(union ") and "view" in c]
     assert twins, "the last view is stated as a view of the doubled value"
@@ -105,7 +93,7 @@ def test_a_view_of_a_view_is_stated_as_the_view_of_the_source() -> None:
 
 
 def test_an_operand_viewed_with_leading_unit_dims_is_stated_without_them() -> None:
-    graph = _graph(lambda x, b: x + b.view(1, -1, 1, 1), (2, 3, 4, 4), (3,))
+    graph = traced(lambda x, b: x + b.view(1, -1, 1, 1), (2, 3, 4, 4), (3,))
     commands = encode_unit(graph, {}, []).commands
     assert any(c.startswith("(union ") and "(Bin " in c for c in commands), "the add with the bias viewed (3, 1, 1)"
     values = {"0": torch.randn(2, 3, 4, 4, dtype=torch.float64), "1": torch.randn(3, dtype=torch.float64)}
@@ -114,7 +102,7 @@ def test_an_operand_viewed_with_leading_unit_dims_is_stated_without_them() -> No
 
 @pytest.mark.parametrize("fn", ["amax", "sum"])
 def test_a_reduction_of_a_view_along_a_dim_it_keeps_is_the_view_of_the_reduction(fn) -> None:
-    graph = _graph(lambda x: getattr(x.view(6, 4), fn)(dim=-1), (2, 3, 4))
+    graph = traced(lambda x: getattr(x.view(6, 4), fn)(dim=-1), (2, 3, 4))
     commands = encode_unit(graph, {}, []).commands
     assert any("reduced" in c.split()[1] for c in commands if c.startswith("(let ")), "the source's reduction"
     assert unions_hold(commands, {"0": torch.randn(2, 3, 4, dtype=torch.float64)}) >= 2
@@ -122,6 +110,6 @@ def test_a_reduction_of_a_view_along_a_dim_it_keeps_is_the_view_of_the_reduction
 
 def test_operands_both_stripped_of_the_dims_the_result_keeps_are_not_stated() -> None:
     # (1, 3, 1) + (1, 3, 1): both without their leading dim would add to (3, 1), not the result's shape
-    graph = _graph(lambda a, b: a.view(1, 3, 1) + b.view(1, 3, 1), (3,), (3,))
+    graph = traced(lambda a, b: a.view(1, 3, 1) + b.view(1, 3, 1), (3,), (3,))
     commands = encode_unit(graph, {}, []).commands
     assert not any(c.startswith("(union ") and "(Bin " in c for c in commands)
