@@ -6,6 +6,7 @@ sandbox's own child processes.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,7 +148,27 @@ def _verify_world_size(
     except ShardproofError as exc:
         capture.reference_error = exc.to_dict()
         return None
-    return verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness, partition)
+    result = verify_world_size(capture, check, world_size, sandbox, notify, numeric_witness, partition)
+    if capture.captured and result.verdict != "error":
+        captured = capture.captured[-1]
+        result.notes += dropout_notes([captured.reference.graph, *(r.graph for r in captured.ranks)])
+    return result
+
+
+def dropout_notes(graphs: list[Graph]) -> list[str]:
+    """What a verdict takes as given about these programs: each dropout in training mode taken as
+    the identity (its random mask is no function of the inputs), once per line."""
+    lines = []
+    for graph in graphs:
+        for site in graph.identity_dropouts:
+            frame = site.innermost
+            if frame is not None and (frame.file, frame.line) not in lines:
+                lines.append((frame.file, frame.line))
+    return [
+        f"dropout in training mode at {os.path.basename(file)}:{line} taken as the identity "
+        "(the forward is verified as in eval mode; a random mask is no function of the inputs)"
+        for file, line in lines
+    ]
 
 
 def _internal_error(world_size: int, exc: Exception) -> WorldSizeResult:
@@ -437,7 +458,12 @@ def verify_memoized(
     summary = _summary(outputs)
     summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct"
     summary += f", {len(sharded)} of them entered sharded)" if sharded else ")"
-    return WorldSizeResult(world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats)
+    graphs = [captured.reference.skeleton, *(program.skeleton for program in captured.ranks)]
+    graphs += [graph for unit in captured.units for graph in (unit.reference, *(g for g, _ in unit.ranks))]
+    notes = dropout_notes(graphs)
+    return WorldSizeResult(
+        world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats, notes=notes
+    )
 
 
 def _not_proven(

@@ -149,6 +149,7 @@ class WorldSizeResult:
     error: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the verdict takes as given (dropout as the identity)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,6 +163,7 @@ class WorldSizeResult:
             "error": self.error,
             "seconds": self.seconds,
             "stats": self.stats,
+            "notes": self.notes,
         }
 
     @staticmethod
@@ -177,6 +179,7 @@ class WorldSizeResult:
             error=data.get("error"),
             seconds=data.get("seconds", {}),
             stats=data.get("stats", {}),
+            notes=data.get("notes", []),
         )
 
 

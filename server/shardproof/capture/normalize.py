@@ -258,6 +258,10 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             return
         if name == "dropout" or name == "native_dropout":
             self.alias[fx.name] = self.value(args[0])
+            p, train = (args[1] if len(args) > 1 else 0.0), (args[2] if len(args) > 2 else True)
+            site = _site_of(fx)
+            if p and train is not False and site is not None:
+                self.graph.identity_dropouts.append(site)
             return
         if name in _VIEWS:
             self.view(fx, self.value(args[0]), meta)

@@ -179,6 +179,9 @@ class Graph:
     # value id -> the value (a CPU tensor) of a small constant computed while capturing that an
     # operation on other values reads (capture/folding.py): what verify/constant_blocks.py compares
     constants: dict[str, Any] = field(default_factory=dict)
+    # where a dropout with p > 0 in training mode was taken as the identity (the forward is verified
+    # as in eval mode; a random mask is no function of the inputs)
+    identity_dropouts: list[SourceSite] = field(default_factory=list)
 
     def node_map(self) -> dict[str, Node]:
         return {n.id: n for n in self.nodes}

@@ -102,6 +102,7 @@ def _world_size(result: WorldSizeResult, root: Path | None, colour: bool) -> lis
         lines.append(f"    {u.message}{where}")
     if result.error:
         lines.extend(_error(result.error, root, "    "))
+    lines.extend(f"    note: {note}" for note in result.notes)
     return lines
 
 
