@@ -158,16 +158,11 @@ def _verify_world_size(
 def dropout_notes(graphs: list[Graph]) -> list[str]:
     """What a verdict takes as given about these programs: each dropout in training mode taken as
     the identity (its random mask is no function of the inputs), once per line."""
-    lines = []
-    for graph in graphs:
-        for site in graph.identity_dropouts:
-            frame = site.innermost
-            if frame is not None and (frame.file, frame.line) not in lines:
-                lines.append((frame.file, frame.line))
+    places = [(f.file, f.line) for g in graphs for s in g.identity_dropouts if (f := s.innermost) is not None]
     return [
         f"dropout in training mode at {os.path.basename(file)}:{line} taken as the identity "
         "(the forward is verified as in eval mode; a random mask is no function of the inputs)"
-        for file, line in lines
+        for file, line in dict.fromkeys(places)
     ]
 
 

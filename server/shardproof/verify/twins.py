@@ -33,41 +33,52 @@ from .language import quoted as _q
 MOST_SLICE_PIECES = 16
 
 
+def _holding_dim(source: tuple[int, ...], viewed: tuple[int, ...], position: int) -> tuple[int, int] | None:
+    """The source dim d that holds the view's dim at `position` whole, and Q': how many of d's
+    indices each of the view's dim's indices spans (its elements after it, as a count of d's).
+
+    Row-major, the view's index (p, k, q) (q over the Q elements after the dim, k over its K) is the
+    element p * K * Q + k * Q + q. When the source's dims after d hold T elements, T divides Q and
+    T <= Q < T * size(d), the view's dim lies within d, each of its indices Q' = Q / T of d's. None
+    when the elements after the view's dim do not end at a whole number of d's indices."""
+    inner = math.prod(viewed[position + 1 :])
+    for d in range(len(source) - 1, -1, -1):
+        after = math.prod(source[d + 1 :])
+        if inner >= after * source[d]:
+            continue  # the elements after the view's dim cover d too: the dim lies further out
+        if inner % after:
+            return None
+        return d, inner // after
+    return None
+
+
 def slice_of_view_pieces(
     source: tuple[int, ...], viewed: tuple[int, ...], dim: int, start: int, end: int
 ) -> tuple[int, list[tuple[int, int]]] | None:
     """How `source.view(viewed)` sliced along `dim` (negative) over [start, end) is `source`
     sliced along one of its dims: (that dim, negative; the ranges of it, in order, whose
     concatenation viewed with the slice's shape is the slice). None when no source dim holds the
-    sliced dim whole.
+    sliced dim whole (`_holding_dim`).
 
-    Row-major, the view's index (p, k, q) (q over the Q elements after the sliced dim, k over its
-    K) is the element p * K * Q + k * Q + q. When the source's dims after some dim d hold T
-    elements, T divides Q, and d's size is g * K * (Q / T), that is the source's index (p // g,
-    (p % g) * K * Q' + k * Q' + q // T, q % T) with Q' = Q / T: the slice [start, end) of the view's
-    dim is, for each of the g outer indices, the range [start * Q', end * Q') of d shifted by
-    i * K * Q'. T = Q is a split whose inner part is sliced (Megatron's per-group split), T < Q a
-    split whose outer part is (`unbind` of a [2, heads, head_dim] view)."""
+    With d's size g * K * Q' (g outer indices of the view's dims before the sliced one split d),
+    the view's index (p, k, q) is the source's index (p // g, (p % g) * K * Q' + k * Q' + q // T,
+    q % T): the slice [start, end) of the view's dim is, for each of the g outer indices, the
+    range [start * Q', end * Q') of d shifted by i * K * Q'. Q' = 1 is a split whose inner part is
+    sliced (Megatron's per-group split), Q' > 1 a split whose outer part is (`unbind` of a
+    [2, heads, head_dim] view)."""
     position = len(viewed) + dim
     size = viewed[position]
     if size <= 1 or not 0 <= start < end <= size or (start, end) == (0, size):
         return None
-    inner = math.prod(viewed[position + 1 :])
-    for d in range(len(source) - 1, -1, -1):
-        after = math.prod(source[d + 1 :])
-        if inner >= after * source[d]:
-            continue  # the elements after the sliced dim cover d too: the sliced dim lies further out
-        if inner % after:
-            return None
-        within = inner // after  # Q': the elements of d after the sliced dim's index
-        block = size * within
-        if source[d] % block:
-            return None
-        pieces = source[d] // block
-        if pieces > MOST_SLICE_PIECES:
-            return None
-        return d - len(source), [(i * block + start * within, i * block + end * within) for i in range(pieces)]
-    return None
+    held = _holding_dim(source, viewed, position)
+    if held is None:
+        return None
+    d, within = held
+    block = size * within
+    if source[d] % block or source[d] // block > MOST_SLICE_PIECES:
+        return None
+    pieces = source[d] // block
+    return d - len(source), [(i * block + start * within, i * block + end * within) for i in range(pieces)]
 
 
 def _broadcast(shapes: list[tuple[int, ...] | None]) -> tuple[int, ...] | None:
@@ -115,15 +126,10 @@ class MovementTwins:
             return
         source_shape, shape = self.meta_of[source].shape, self.meta_of[viewed].shape
         position = len(shape) + dim if dim < 0 else dim
-        inner = math.prod(shape[position + 1 :])
-        kept = [
-            d
-            for d in range(len(source_shape))
-            if source_shape[d] == shape[position] > 1 and math.prod(source_shape[d + 1 :]) == inner
-        ]
-        if not kept:
-            return
-        d = kept[0]
+        held = _holding_dim(source_shape, shape, position)
+        if held is None or held[1] != 1 or source_shape[held[0]] != shape[position] or shape[position] == 1:
+            return  # the view splits or merges the dim: its fibers are not the source's
+        d = held[0]
         twin_shape = list(source_shape)
         if keepdim:
             twin_shape[d] = 1
