@@ -43,6 +43,7 @@ from ..graph.model import Collective, Graph, Node, Placeholder, TensorMeta
 from ..relations.expr import norm_dim
 from . import decompose
 from .folding import MAX_ELEMENTS, ConstantFolder, frontier_constants, masked_positions, value_digest
+from .leading_dims import unflatten_leading_dims
 from .lower_arithmetic import ArithmeticLowering
 from .lower_contractions import ContractionLowering
 from .lower_functions import FunctionLowering
@@ -198,6 +199,7 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         # the tokens of sends, added to the outputs only to keep the sends (capture/remap.py)
         self.graph.outputs = [v for v in self.graph.outputs if v not in self.sends]
         self.graph.constants = frontier_constants(self.graph, self.folded)
+        unflatten_leading_dims(self.graph)
         return self.graph
 
     def _lifted_constant(self, name: str, target: str, meta: TensorMeta) -> str | None:

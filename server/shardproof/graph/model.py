@@ -182,6 +182,9 @@ class Graph:
     # where a dropout with p > 0 in training mode was taken as the identity (the forward is verified
     # as in eval mode; a random mask is no function of the inputs)
     identity_dropouts: list[SourceSite] = field(default_factory=list)
+    # value id -> a value of this graph holding the same elements (capture/leading_dims.py): equal
+    # to it when their shapes agree, else the value is its view
+    view_twins: dict[str, str] = field(default_factory=dict)
 
     def node_map(self) -> dict[str, Node]:
         return {n.id: n for n in self.nodes}

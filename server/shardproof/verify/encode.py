@@ -374,6 +374,8 @@ class Encoder(FactoredTerms, CollectiveLowering, MovementTwins):
             self.let(name, f"(View {ins[0]} {_q(_shape_text(meta.shape))})", meta)
             if own_inputs and not self.factor_out and ins[0] in self.meta_of:
                 self.sums.note_view(self.same_as(name), ins[0], _shape_text(meta.shape), self.meta_of[ins[0]])
+            if ins[0] in self.sums.zeros:
+                self.sums.add_zero(self.same_as(name))  # a view of zeros is zeros
             self.commands.extend(view_facts(name, self.meta_of[ins[0]].shape, meta.shape))
             self.commands.append(f"(vshape {ins[0]} {_q(_shape_text(self.meta_of[ins[0]].shape))})")
             for source, dim, times in self._repeat_patterns(graph, node) if own_inputs else ():
@@ -583,6 +585,8 @@ def encode_unit(
     for graph, values in ranks:
         encoder.add_placeholders(graph, values)
     encode_ranks(encoder, [g for g, _ in ranks])
+    for graph in [reference, *(g for g, _ in ranks)]:
+        encoder.state_view_twins(graph)
     encoder.commands.extend(constant_block_facts(encoder, reference, [g for g, _ in ranks]))
     encoder.commands.extend(laws.rules)
     encoder.commands.extend(call_laws)

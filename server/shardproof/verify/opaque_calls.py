@@ -96,6 +96,7 @@ def collapse_opaque_chains(graph: Graph) -> Graph:
         graph.outputs,
         graph.source_files,
         graph.plan_entries,
+        view_twins=graph.view_twins,
     )
 
 

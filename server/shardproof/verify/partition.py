@@ -291,5 +291,6 @@ def _part_graph(
         list(graph.outputs) if final else [],
         graph.source_files,
         graph.plan_entries,
+        view_twins=graph.view_twins,  # (the encoder states those whose values the part holds)
     )
     return part, own_values

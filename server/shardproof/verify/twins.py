@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from ..graph.model import Node, TensorMeta
+from ..graph.model import Graph, Node, TensorMeta
 from .language import quoted as _q
 
 # the most pieces a slice of a view is written as (one per index of the view's outer dims that
@@ -195,3 +195,14 @@ class MovementTwins:
         joined_shape = self.meta_of[joined].shape
         self.commands.append(f"(union {name} {self._view(joined, joined_shape, node.meta)})")
         self._view_sources[self.same_as(name)] = joined
+
+    def state_view_twins(self, graph: Graph) -> None:
+        """A value is the view of its twin on unflattened values (capture/leading_dims.py), or
+        equal to it when their shapes agree. Twins of values a unit does not hold are skipped."""
+        for value, twin in graph.view_twins.items():
+            own, other = self.term_of.get((graph.name, value)), self.term_of.get((graph.name, twin))
+            if own is None or other is None or own not in self.meta_of or other not in self.meta_of:
+                continue
+            meta, twin_shape = self.meta_of[own], self.meta_of[other].shape
+            viewed = other if twin_shape == meta.shape else self._view(other, twin_shape, meta)
+            self.commands.append(f"(union {own} {viewed})")
