@@ -269,6 +269,8 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
             self.view(fx, self.value(args[0]), meta)
             return
         if name in _UNARY:
+            if name == "bitwise_not" and meta.dtype == "bool":
+                name = "logical_not"  # `~mask`: on booleans the bitwise and the logical not agree
             attrs = {"fn": name}
             if name == "gelu":
                 attrs["approximate"] = kwargs.get("approximate", args[1] if len(args) > 1 else "none")

@@ -131,7 +131,7 @@ class Context(Blame, Pictures, Plans):
                     return node
         return by_name
 
-    def departure(self, ref_node: Node, rank: int) -> Node | None:
+    def departure(self, ref_node: Node, rank: int, ahead: set[str] | None = None) -> Node | None:
         """The rank's first value (in graph order) that reads a value related to an input of
         `ref_node`, has no relation of its own and leads to none: where its computation stops
         following the reference's, when no node plays `ref_node`'s part (`aligned`). A value whose
@@ -143,14 +143,28 @@ class Context(Blame, Pictures, Plans):
         }
         rejoins = self._rejoining(rank)
         for node in self.ev.ranks[rank].nodes:
-            if any(v in related for v in node.inputs) and not self.is_related(rank, node.id) and node.id not in rejoins:
+            if not any(v in related for v in node.inputs) or node.id in rejoins:
+                continue
+            if not self._related_within(rank, node.id, ahead):
                 return node
         return None
 
-    def consumers_in_reference(self, value: str) -> list[Node]:
-        """The reference's nodes that read `value`, in graph order."""
-        users = sorted(set(self.ref_consumers.get(value, [])), key=self.topo.__getitem__)
-        return [self.ref_nodes[c] for c in users]
+    def _related_within(self, rank: int, value: str, ahead: set[str] | None) -> bool:
+        """Whether a rank value is related to a reference value (one of `ahead`, when given: a
+        rank value related only to what the reference computes before does not follow it)."""
+        found = self.index.relations_of_rank_value(rank, value)
+        return any(set(refs) & ahead for _, refs in found) if ahead is not None else bool(found)
+
+    def consumers_in_reference(self, value: str, transitively: bool = False) -> list[Node]:
+        """The reference's nodes that read `value` (or, `transitively`, any value computed from
+        it), in graph order."""
+        users, frontier = set(self.ref_consumers.get(value, [])), list(self.ref_consumers.get(value, []))
+        while transitively and frontier:
+            for user in self.ref_consumers.get(frontier.pop(), []):
+                if user not in users:
+                    users.add(user)
+                    frontier.append(user)
+        return [self.ref_nodes[c] for c in sorted(users, key=self.topo.__getitem__)]
 
     def _rejoining(self, rank: int) -> set[str]:
         """The rank's values from which a related value is computed (in graph order, backwards)."""

@@ -156,9 +156,12 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
         if departure is None:
             # the rank reads the broken value's inputs only on its way to values it shares with the
             # reference (a mask the reference makes of the targets, which the rank never applies):
-            # it departs where the reference would use the value (its consumers, in order)
-            for consumer in ctx.consumers_in_reference(first[0].id):
-                departure = ctx.departure(consumer, first[1])
+            # it departs where the reference would use the value (its consumers and theirs, in
+            # order: a count the reference makes of the mask, which the rank replaces by a
+            # constant where the count is used)
+            later = ctx.consumers_in_reference(first[0].id, transitively=True)
+            for i, consumer in enumerate(later):
+                departure = ctx.departure(consumer, first[1], ahead={n.id for n in later[i:]})
                 if departure is not None:
                     break
         if departure is not None:

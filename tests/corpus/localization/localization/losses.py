@@ -104,3 +104,24 @@ class MeanOverEveryToken(_VocabShard):
 
 def mean_over_every_token(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return MeanOverEveryToken(ref, rank, world_size)
+
+
+class FlatTokensCountEveryToken(_VocabShard):
+    """The same loss on tokens flattened first (ColossalAI's form), the ignored tokens' losses
+    zeroed, but their sum divided by every token's count."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        partition = self.weight.shape[0]
+        logits, labels = F.linear(x, self.weight).reshape(-1, partition), labels.reshape(-1)
+        start = dist.get_rank() * partition
+        shifted = logits - all_reduce_max(logits.amax(dim=-1)).unsqueeze(-1)
+        outside = (labels < start) | (labels >= start + partition)
+        local = (labels - start).masked_fill(outside, 0)
+        picked = all_reduce_sum(shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0))
+        ignored = labels == -100
+        losses = (all_reduce_sum(shifted.exp().sum(dim=-1)).log() - picked).masked_fill(ignored, 0.0)
+        return losses.sum() / labels.numel()
+
+
+def flat_tokens_count_every_token(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return FlatTokensCountEveryToken(ref, rank, world_size)

@@ -1,0 +1,62 @@
+"""Losses computed on tokens flattened first: ColossalAI's shardformer (`dist_cross_entropy`)
+and simple vocabulary-parallel losses view the logits as [tokens, vocab / p] and the labels as
+[tokens] before the vocabulary-parallel steps, where Megatron keeps [seq, batch, vocab / p]. Our
+own small equivalents, nothing copied."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+def _flat_tokens_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token loss of the rank's vocabulary shard, on tokens flattened first: the max
+    all-reduced with MAX, the label's logit gathered by its local index (zero off the rank's
+    shard) and all-reduced, the exponentials' sum all-reduced."""
+    rank, partition = dist.get_rank(), logits.shape[-1]
+    logits, labels = logits.reshape(-1, partition), labels.reshape(-1)
+    start = rank * partition
+    largest = logits.max(dim=-1).values
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    shifted = logits - largest.unsqueeze(-1)
+    off_shard = (labels < start) | (labels >= start + partition)
+    local = (labels - start).masked_fill(off_shard, 0)
+    picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(off_shard, 0.0)
+    dist.all_reduce(picked)
+    summed = shifted.exp().sum(dim=-1)
+    dist.all_reduce(summed)
+    return summed.log() - picked
+
+
+class FlatTokensVocabParallelLoss(nn.Module):
+    """The LM head column-parallel without gather and the flattened-token loss, averaged over
+    every token."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(ref.lm_head.weight.chunk(world_size, dim=0)[rank].clone())
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return _flat_tokens_cross_entropy(F.linear(x, self.weight), labels).mean()
+
+
+class FlatTokensIgnoringLoss(FlatTokensVocabParallelLoss):
+    """The same loss zeroed where the label is the ignore index and averaged over the tokens not
+    ignored (ColossalAI divides by their count)."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        losses = _flat_tokens_cross_entropy(F.linear(x, self.weight), labels)
+        ignored = labels.reshape(-1) == IGNORE_INDEX
+        return losses.masked_fill(ignored, 0.0).sum() / (~ignored).sum()
+
+
+def flat_tokens_cross_entropy(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return FlatTokensVocabParallelLoss(ref, rank, world_size)
+
+
+def flat_tokens_ignoring_cross_entropy(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return FlatTokensIgnoringLoss(ref, rank, world_size)
