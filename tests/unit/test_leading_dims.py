@@ -44,6 +44,8 @@ _PROGRAMS = [
     ("permuted", lambda x: x.reshape(6, 2, 2).transpose(1, 2).exp(), [(2, 3, 2, 2)]),
     ("viewed back", lambda x: (x.view(-1, 4).relu() + 1.0).view(2, 3, 4), [(2, 3, 4)]),
     ("broadcast", lambda x, y: x.view(-1, 4) - y.view(-1, 1), [(2, 3, 4), (2, 3)]),
+    ("whole sequences", lambda x: (x.reshape(-1, 4)[3:6] * 2.0).exp(), [(2, 3, 4)]),
+    ("part of a sequence", lambda x: x.reshape(-1, 4)[4:6].relu(), [(2, 3, 4)]),
 ]
 
 
@@ -87,4 +89,10 @@ def test_flattenings_of_different_lead_dims_are_not_combined() -> None:
 
 def test_an_index_taken_along_the_last_dim_is_no_flattening() -> None:
     graph = traced(lambda x: (x[..., 0] > 0).float() * 2.0, (3, 4))
+    assert not graph.view_twins
+
+
+def test_a_slice_of_tokens_across_sequences_has_no_twin() -> None:
+    # rows 2..4 of [2 x 3] tokens: the end of one sequence and the start of the next, no box
+    graph = traced(lambda x: x.reshape(-1, 4)[2:4] * 2.0, (2, 3, 4))
     assert not graph.view_twins

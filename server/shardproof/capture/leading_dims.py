@@ -125,6 +125,8 @@ class _Pass:
         shape = node.meta.shape
         if node.op == "reduce" and self._merged_reduction(node, lead):
             return
+        if node.op == "slice" and self._merged_slice(node, lead):
+            return
         if not shape or shape[0] != math.prod(lead):
             return
         planned = self._plan(node, lead)
@@ -217,6 +219,37 @@ class _Pass:
         if node.meta.shape != self.metas[node.inputs[0]].shape:
             return
         self.flat[node.id] = (self._operand(node.id, lead, exact=True) or node.id, lead)
+
+    def _merged_slice(self, node: Node, lead: Lead) -> bool:
+        """A slice of the merged dim that is a box of the lead dims (one index of each dim before
+        some lead dim j, a range of j, every index of the dims after it: a rank's whole sequences
+        of flattened tokens, or its part of one sequence): its twin is the source sliced so, and
+        flattened alike."""
+        a = node.attrs
+        first = node.inputs[0]
+        if first not in self.flat or self.metas[first].ndim + a["dim"] != 0:
+            return False
+        start, end = a["start"], a["end"]
+        for j in range(len(lead)):
+            block = math.prod(lead[j + 1 :])
+            group = block * lead[j]
+            if start % block or end % block or start // group != (end - 1) // group:
+                continue
+            current = self.flat[first][0]
+            for i in range(j + 1):
+                within = math.prod(lead[i + 1 :])
+                low = (start // within) % lead[i]
+                high = low + 1 if i < j else low + (end - start) // block
+                meta = self.metas[current]
+                shape = list(meta.shape)
+                shape[i] = high - low
+                attrs = {**a, "dim": i - meta.ndim, "start": low, "end": high}
+                step_meta = TensorMeta(tuple(shape), meta.dtype)
+                current = self._emit(node, f"{node.id}.unflat", "slice", [current], attrs, step_meta)
+            self.flat[node.id] = (current, tuple(self.metas[current].shape[: len(lead)]))
+            self.graph.view_twins[node.id] = current
+            return True
+        return False
 
     def _merged_reduction(self, node: Node, lead: Lead) -> bool:
         """A reduction over the merged dim, without keeping it: its twin reduces the lead dims one

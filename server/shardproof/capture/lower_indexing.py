@@ -153,6 +153,20 @@ class IndexingLowering:
             return None
         return unflat_logits, unflat_targets
 
+    def _classes_moved(self, logits: str, class_dim: int) -> tuple[str, int] | None:
+        """(x, d) when the logits are x with its dim d moved to the class position and its other
+        dims kept in order (`x.transpose(1, 2)` of [batch, seq, classes], torch's [batch,
+        classes, seq] layout): the loss of each position is the same on x along d."""
+        node = self.nodes_by_id.get(logits)
+        if node is None or node.op != "permute" or not node.inputs:
+            return None
+        perm = [p % len(node.attrs["perm"]) for p in node.attrs["perm"]]
+        position = len(perm) + class_dim
+        others = perm[:position] + perm[position + 1 :]
+        if others != sorted(others):
+            return None
+        return node.inputs[0], perm[position] - len(perm)
+
     def op_cross_entropy_loss(
         self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta
     ) -> bool:
@@ -184,6 +198,10 @@ class IndexingLowering:
             logits, targets = unflat
             logits_meta, targets_meta = self.meta(logits), self.meta(targets)
             class_dim = -1
+        permuted = self._classes_moved(logits, class_dim)
+        if permuted is not None:
+            logits, class_dim = permuted
+            logits_meta = self.meta(logits)
         dtype = logits_meta.dtype
         classes = logits_meta.shape[class_dim]
         rows = TensorMeta(targets_meta.shape, dtype)

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..capture.lowering_tables import _UNARY
 from .harness import Gen
-from .instances import _FLOAT_BINARY, _members, _selected, _shape, instance, near_miss
+from .instances import _FLOAT_BINARY, _members, _scrambled_whole, _selected, _shape, instance, near_miss
 
 
 def _unary(g: Gen) -> str:
@@ -57,6 +57,19 @@ def _(g: Gen) -> dict[str, Any]:
     return {"x": g.tensor(*_shape(g, g.int(1, 3))) + 0.5, "f": g.pick(("cast_int64", "cast_int32", "cast_bool"))}
 
 
+@instance("silu-is-x-times-sigmoid")
+def _(g: Gen) -> dict[str, Any]:
+    return {"x": g.tensor(*_shape(g, g.int(1, 3)))}
+
+
+@instance("division-by-root-is-reciprocal-root")
+def _(g: Gen) -> dict[str, Any]:
+    """a and a positive v of one shape, or v broadcast (a norm's per-row mean of squares)."""
+    shape = _shape(g, g.int(1, 3))
+    v_shape = g.pick([shape, [*shape[:-1], 1]])
+    return {"a": g.tensor(*shape), "v": g.tensor(*v_shape).abs() + 0.1}
+
+
 @instance("regroup-sum-as-written-elsewhere")
 def _(g: Gen) -> dict[str, Any]:
     """a and c of one shape, b broadcast to it (a bias) or of that shape too."""
@@ -83,6 +96,49 @@ def _(g: Gen) -> dict[str, Any]:
     b_shape = g.pick([shape, shape[-1:], [*shape[:-1], 1]])
     a, b = g.tensor(*shape), g.tensor(*b_shape)
     return {"a": a, "b": b} if g.int(0, 1) else {"a": b, "b": a}
+
+
+@instance("sum-commutes")
+def _(g: Gen) -> dict[str, Any]:
+    """a and b of one shape, or b broadcast to a's (a bias along the last dim, a per-row term)."""
+    shape = _shape(g, g.int(1, 3))
+    b_shape = g.pick([shape, shape[-1:], [*shape[:-1], 1]])
+    a, b = g.tensor(*shape), g.tensor(*b_shape)
+    return {"a": a, "b": b} if g.int(0, 1) else {"a": b, "b": a}
+
+
+def _picked_rows(g: Gen, side: str) -> dict[str, Any]:
+    """A value X of three dims picked along d by indices I (X's dims without d), both selected by
+    R along another dim d2: left of d for `outer` (the indices' dim e = d2 + 1), right of it for
+    `inner` (e = d2)."""
+    shape = [g.int(3, 6) for _ in range(3)]
+    pairs = [(d, d2) for d in (-3, -2, -1) for d2 in (-3, -2, -1) if (d2 < d if side == "outer" else d2 > d)]
+    d, d2 = g.pick(pairs)
+    index_shape = tuple(n for i, n in enumerate(shape) if i != len(shape) + d)
+    bindings = {"X": g.tensor(*shape), "I": g.ids(index_shape, shape[d]), "d": d, "d2": d2}
+    return bindings | {"R": g.selection(shape[d2]), "e": d2 + 1 if side == "outer" else d2}
+
+
+@instance("pick-keeps-selection-outer")
+def _(g: Gen) -> dict[str, Any]:
+    return _picked_rows(g, "outer")
+
+
+@instance("pick-keeps-selection-inner")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _picked_rows(g, "inner")
+    del bindings["e"]
+    return bindings
+
+
+@near_miss("pick-keeps-selection-outer", "pick-keeps-selection-inner")
+def _(g: Gen) -> dict[str, Any]:
+    """Values picked along the last dim, selected along the one before, with the indices selected
+    along their own dim -2 (the value's -3) instead of their -1: the whole dims reordered, so that
+    both selections exist and the picks' shapes agree."""
+    n = g.int(3, 6)
+    R = _scrambled_whole(g, n)
+    return {"X": g.tensor(n, n, n), "I": g.ids((n, n), n), "d": -1, "d2": -2, "R": R, "e": -2}
 
 
 @instance("regroup-selected-product")

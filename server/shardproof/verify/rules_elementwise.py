@@ -40,6 +40,20 @@ _rule(
     "sums its partial sums in float64 and casts the total back computes the value itself",
     "(rule ((= y (Un f x)) (real-cast f)) ((union y x)))",
 )
+# Functions written out as their definitions (Megatron's and Mamba's `x * torch.sigmoid(x)`, a
+# norm's `x / torch.sqrt(v)`) are the library's function of the same argument.
+_rule(
+    "silu-is-x-times-sigmoid",
+    "elementwise",
+    "silu(x) = x * sigmoid(x)",
+    '(rule ((= y (Un "silu" x))) ((union y (Bin "mul" x (Un "sigmoid" x)))))',
+)
+_rule(
+    "division-by-root-is-reciprocal-root",
+    "elementwise",
+    "a / sqrt(v) = a * rsqrt(v)",
+    '(rule ((= y (Bin "div" a r)) (= r (Un "sqrt" v))) ((union y (Bin "mul" a (Un "rsqrt" v)))))',
+)
 _rule(
     "unary-keeps-sizes",
     "elementwise",
@@ -90,6 +104,13 @@ _rule(
     "elementwise",
     "a * b = b * a, broadcasting alike (a norm's weight times the normalised value, or the value times the weight)",
     '(rule ((= y (Bin "mul" a b))) ((union y (Bin "mul" b a))))',
+)
+_rule(
+    "sum-commutes",
+    "elementwise",
+    "a + b = b + a, broadcasting alike (a residual added to the block's output, or the output to the "
+    "residual; a bias after the value, or the value after the bias)",
+    '(rule ((= y (Bin "add" a b))) ((union y (Bin "add" b a))))',
 )
 _rule(
     "regroup-selected-product",
@@ -176,6 +197,24 @@ _rule(
     "elementwise",
     "masked_fill(X, M, v)[R] = masked_fill(X[R], M[R], v)",
     "(rule ((= Y (Fill X M v)) (= y (Fill x m v)) (sel X x d R) (sel M m d R)) ((sel Y y d R)))",
+)
+# A pick reads, row by row, the entry its index names along its dim: a selection of the rows
+# (any other dim) of both the picked value and the indices is that selection of the picks (a
+# rank's block of the tokens: its logits and its targets, under context or data parallelism).
+# The index has the picked value's dims without the picked one, so a dim left of it is one
+# further right among the index's (negative) dims.
+_rule(
+    "pick-keeps-selection-outer",
+    "elementwise",
+    "pick(X, I, d)[R along d2] = pick(X[R along d2], I[R along d2 + 1], d) for a dim d2 left of d",
+    "(rule ((= Y (Pick X I d)) (= y (Pick x i d)) (sel X x d2 R) (< d2 d) (sel I i e R) (= e (+ d2 1))) "
+    "((sel Y y e R)))",
+)
+_rule(
+    "pick-keeps-selection-inner",
+    "elementwise",
+    "pick(X, I, d)[R along d2] = pick(X[R along d2], I[R along d2], d) for a dim d2 right of d",
+    "(rule ((= Y (Pick X I d)) (= y (Pick x i d)) (sel X x d2 R) (> d2 d) (sel I i d2 R)) ((sel Y y d2 R)))",
 )
 _rule(
     "where-all-selected",

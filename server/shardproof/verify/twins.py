@@ -71,14 +71,37 @@ def slice_of_view_pieces(
     if size <= 1 or not 0 <= start < end <= size or (start, end) == (0, size):
         return None
     held = _holding_dim(source, viewed, position)
-    if held is None:
-        return None
+    if held is None or size * held[1] > source[held[0]]:  # the dim spans several of the source's
+        return _slice_of_merged(source, viewed, position, start, end)
     d, within = held
     block = size * within
     if source[d] % block or source[d] // block > MOST_SLICE_PIECES:
         return None
     pieces = source[d] // block
     return d - len(source), [(i * block + start * within, i * block + end * within) for i in range(pieces)]
+
+
+def _slice_of_merged(
+    source: tuple[int, ...], viewed: tuple[int, ...], position: int, start: int, end: int
+) -> tuple[int, list[tuple[int, int]]] | None:
+    """The slice [start, end) of a view's dim that merges source dims d..e (their sizes multiply
+    to the dim's, the same elements after), when it covers whole indices of d: the slice
+    [start / P, end / P) of d, P the product of the merged dims after d (tokens flattened from
+    [batch, seq], a rank's rows of whole sequences)."""
+    inner = math.prod(viewed[position + 1 :])
+    last = next((e for e in range(len(source) - 1, -1, -1) if math.prod(source[e + 1 :]) == inner), None)
+    if last is None:
+        return None
+    for d in range(last, -1, -1):
+        merged = math.prod(source[d : last + 1])
+        if merged > viewed[position]:
+            return None
+        if merged == viewed[position]:
+            block = merged // source[d]
+            if d == last or start % block or end % block:
+                return None
+            return d - len(source), [(start // block, end // block)]
+    return None
 
 
 def _broadcast(shapes: list[tuple[int, ...] | None]) -> tuple[int, ...] | None:

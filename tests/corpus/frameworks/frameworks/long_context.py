@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from .models import HEAD_DIM, HEADS
@@ -183,3 +184,24 @@ def sequence_first_ulysses_attention(ref: nn.Module, rank: int, world_size: int)
 
 def context_parallel_attention(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ContextParallelAttention(ref, rank, world_size)
+
+
+class ContextParallelTokenLoss(nn.Module):
+    """Each rank the per-token loss of its block of the sequence (its logits and its labels),
+    the blocks all-gathered back along the sequence (Megatron's context parallelism before the
+    loss mask's average)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.lm_head, self.rank, self.world_size = ref.lm_head, rank, world_size
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[1] // self.world_size
+        mine = slice(self.rank * rows, (self.rank + 1) * rows)
+        logits = self.lm_head(x[:, mine])
+        losses = F.cross_entropy(logits.transpose(1, 2), targets[:, mine], reduction="none")
+        return _gathered_sequence(losses, self.world_size, dim=1)
+
+
+def context_parallel_token_loss(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ContextParallelTokenLoss(ref, rank, world_size)

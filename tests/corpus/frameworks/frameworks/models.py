@@ -134,6 +134,16 @@ class LMHeadLoss(LMHead):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+class LMHeadTokenLoss(LMHead):
+    """Each token's cross entropy, [batch, seq] (the loss before a mask's average), computed on
+    flattened logits and viewed back."""
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        logits = self.lm_head(x)
+        losses = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), reduction="none")
+        return losses.view(targets.shape)
+
+
 class Embedding(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -447,6 +457,10 @@ def lm_head_loss() -> LMHeadLoss:
     return LMHeadLoss()
 
 
+def lm_head_token_loss() -> LMHeadTokenLoss:
+    return LMHeadTokenLoss()
+
+
 def embedding() -> Embedding:
     return Embedding()
 
@@ -503,6 +517,11 @@ def token_ids() -> tuple[torch.Tensor]:
 
 def tokens_and_targets() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, SEQ, HIDDEN), _ids((BATCH, SEQ), 1)
+
+
+def four_sequences_and_targets() -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of four sequences (a block of whole sequences for each of up to four ranks)."""
+    return torch.randn(4, SEQ, HIDDEN), _ids((4, SEQ), 1)
 
 
 def tokens_and_masked_targets() -> tuple[torch.Tensor, torch.Tensor]:

@@ -294,3 +294,24 @@ class StackedExpertsTensorParallel(nn.Module):
 
 def stacked_experts_tensor_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return StackedExpertsTensorParallel(ref, rank, world_size)
+
+
+class DataParallelLoss(nn.Module):
+    """Data parallelism's loss: each rank the mean loss of its block of the batch, the means
+    all-reduced and divided by the world size (DDP's averaging)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.lm_head, self.rank, self.world_size = ref.lm_head, rank, world_size
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0] // self.world_size
+        mine = slice(self.rank * rows, (self.rank + 1) * rows)
+        logits = self.lm_head(x[mine])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[mine].reshape(-1))
+        dist.all_reduce(loss)
+        return loss / self.world_size
+
+
+def data_parallel_loss(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return DataParallelLoss(ref, rank, world_size)

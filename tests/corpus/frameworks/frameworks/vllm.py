@@ -316,3 +316,57 @@ class LatentAttentionTensorParallel(LatentAttention):
 
 def latent_attention_tensor_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return LatentAttentionTensorParallel(ref, rank, world_size)  # type: ignore[arg-type]
+
+
+class _FusedAddRMSNorm(nn.Module):
+    """vLLM's RMSNorm called with a residual: the residual added to the input first (`x +
+    residual`, in that order), the sum returned as the next residual, its norm as the output."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.weight = norm.weight
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), x
+
+
+class DeferredResidualLlama(nn.Module):
+    """vLLM's LlamaModel: every norm fused with the residual add before it, the attention's and
+    the MLP's row-parallel outputs all-reduced, the LM head's vocabulary shards gathered."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        block = ref.layers["0"]
+        self.embed = ref.tok_embeddings
+        self.input_norm, self.post_norm = _FusedAddRMSNorm(block.attention_norm), _FusedAddRMSNorm(block.ffn_norm)
+        self.final_norm = _FusedAddRMSNorm(ref.norm)
+
+        def rows(w: torch.Tensor) -> nn.Parameter:
+            return nn.Parameter(w.chunk(world_size, dim=0)[rank].clone())
+
+        def columns(w: torch.Tensor) -> nn.Parameter:
+            return nn.Parameter(w.chunk(world_size, dim=1)[rank].clone())
+
+        attention, mlp = block.attention, block.feed_forward
+        self.wq, self.wk, self.wv = rows(attention.wq.weight), rows(attention.wk.weight), rows(attention.wv.weight)
+        self.wo = columns(attention.wo.weight)
+        self.w1, self.w3, self.w2 = rows(mlp.w1.weight), rows(mlp.w3.weight), columns(mlp.w2.weight)
+        self.lm_head = rows(ref.output.weight)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(ids)
+        hidden, residual = self.input_norm(hidden, None)
+        s = hidden.shape[:2]
+        q, k, v = (F.linear(hidden, w).view(*s, -1, HEAD_DIM) for w in (self.wq, self.wk, self.wv))
+        hidden = tensor_model_parallel_all_reduce(F.linear(causal_attention(q, k, v), self.wo))
+        hidden, residual = self.post_norm(hidden, residual)
+        gated = F.silu(F.linear(hidden, self.w1)) * F.linear(hidden, self.w3)
+        hidden = tensor_model_parallel_all_reduce(F.linear(gated, self.w2))
+        hidden, _ = self.final_norm(hidden, residual)
+        return tensor_model_parallel_all_gather(F.linear(hidden, self.lm_head))
+
+
+def deferred_residual_llama(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return DeferredResidualLlama(ref, rank, world_size)
