@@ -57,6 +57,46 @@ def _(g: Gen) -> dict[str, Any]:
     return {"x": g.tensor(*_shape(g, g.int(1, 3))) + 0.5, "f": g.pick(("cast_int64", "cast_int32", "cast_bool"))}
 
 
+@instance("product-of-quotient")
+def _(g: Gen) -> dict[str, Any]:
+    """a, b and a divisor s of one shape, or b or s broadcast along the last dim (a per-row sum)."""
+    shape = _shape(g, g.int(1, 3))
+    row = [*shape[:-1], 1]
+    return {"a": g.tensor(*shape), "b": g.tensor(*g.pick([shape, row])), "s": g.tensor(*g.pick([shape, row]))}
+
+
+def _quotients(g: Gen, per_row: bool) -> dict[str, Any]:
+    """x divided by s, summed along d keeping it: s of size 1 along d (one divisor per row), or
+    (a near miss) a divisor per element."""
+    shape = _shape(g, 3)
+    d = g.int(-3, -1)
+    shape[d] = g.int(2, 5)
+    divisor = list(shape)
+    if per_row:
+        divisor[d] = 1
+    return {"x": g.tensor(*shape), "s": g.tensor(*divisor).abs() + 0.5, "d": d}
+
+
+instance("sum-of-quotients-by-one-divisor")(lambda g: _quotients(g, True))
+near_miss("sum-of-quotients-by-one-divisor")(lambda g: _quotients(g, False))
+
+
+def _product_sizes(g: Gen, shared: bool) -> dict[str, Any]:
+    """a and b of one shape (or, a near miss, a of size 1 along d where b is not: the product has
+    b's size there, not a's)."""
+    shape = _shape(g, g.int(1, 3))
+    d = g.int(-len(shape), -1)
+    shape[d] = g.int(2, 4)
+    a_shape = list(shape)
+    if not shared:
+        a_shape[d] = 1
+    return {"a": g.tensor(*a_shape), "b": g.tensor(*shape), "s": g.tensor(*shape).abs() + 0.5, "d": d}
+
+
+instance("product-of-quotient-sizes")(lambda g: _product_sizes(g, True))
+near_miss("product-of-quotient-sizes")(lambda g: _product_sizes(g, False))
+
+
 @instance("silu-is-x-times-sigmoid")
 def _(g: Gen) -> dict[str, Any]:
     return {"x": g.tensor(*_shape(g, g.int(1, 3)))}

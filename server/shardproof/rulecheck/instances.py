@@ -580,6 +580,12 @@ def _repeat_other(g: Gen, same_dim: bool) -> dict[str, Any]:
 instance_and_near_miss("repeat-other-dim", _repeat_other)
 
 
+@instance("repeat-once")
+def _(g: Gen) -> dict[str, Any]:
+    shape = _shape(g, g.int(1, 3))
+    return {"x": g.tensor(*shape), "d": g.int(-len(shape), -1)}
+
+
 @instance("repeat-fewer-copies")
 def _(g: Gen) -> dict[str, Any]:
     kv_heads, m = g.int(2, 4), g.int(2, 4)

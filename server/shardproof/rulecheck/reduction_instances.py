@@ -34,6 +34,13 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"d": d, "R": g.selection(bindings["I"].shape[d])}
 
 
+@instance(*(f"{f}-of-shifted" for f in ("lt", "le", "gt", "ge", "eq", "ne")))
+def _(g: Gen) -> dict[str, Any]:
+    """Ids shifted by a rank's start, compared with a bound near them (some on each side)."""
+    vocab = g.int(5, 12)
+    return {"I": g.ids((2, g.int(2, 4)), vocab), "s": g.int(0, vocab - 1), "c": g.int(-3, 3)}
+
+
 @instance("vocab-mask", "vocab-mask-swapped", "vocab-local-ids", "vocab-local-lookup")
 def _(g: Gen) -> dict[str, Any]:
     return _vocab(g)

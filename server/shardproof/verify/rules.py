@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "45"
+RULE_LIBRARY_VERSION = "46"
 
 
 @dataclass(frozen=True)
@@ -277,6 +277,13 @@ _rule(
     "layout",
     "repeating along another dim keeps a selection",
     "(rule ((= Y (Rep X d m)) (= y (Rep x d m)) (sel X x d2 R) (!= d d2)) ((sel Y y d2 R)))",
+)
+_rule(
+    "repeat-once",
+    "layout",
+    "repeating every slice once, in place, is the value itself (`repeat_interleave(1)`: a computed repeat "
+    "count that comes out 1)",
+    "(rule ((= y (Rep x d 1))) ((union y x)))",
 )
 _rule(
     "repeat-fewer-copies",

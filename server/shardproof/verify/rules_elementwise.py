@@ -54,6 +54,29 @@ _rule(
     "a / sqrt(v) = a * rsqrt(v)",
     '(rule ((= y (Bin "div" a r)) (= r (Un "sqrt" v))) ((union y (Bin "mul" a (Un "rsqrt" v)))))',
 )
+# A quotient times a value is the product divided (verl's entropy sums exp(l - m) * l and divides
+# by the sum of the exponentials after its all-reduce; the reference multiplies the softmax, a
+# quotient, by l), and a sum of quotients by one divisor along the summed dim is the divided sum.
+_rule(
+    "product-of-quotient",
+    "elementwise",
+    "(a / s) * b = (a * b) / s, broadcasting alike",
+    '(rule ((= y (Bin "mul" q b)) (= q (Bin "div" a s))) ((union y (Bin "div" (Bin "mul" a b) s))))',
+)
+_rule(
+    "product-of-quotient-sizes",
+    "elementwise",
+    "the product a * b that product-of-quotient makes has the size a and b share along a dim (the rules "
+    "that read a rank's block of it need its sizes)",
+    '(rule ((= y (Bin "mul" q b)) (= q (Bin "div" a s)) (= n (sz a d)) (= n (sz b d))) '
+    '((set (sz (Bin "mul" a b) d) n)))',
+)
+_rule(
+    "sum-of-quotients-by-one-divisor",
+    "elementwise",
+    "sum_d(x / s) = sum_d(x) / s, keeping d, when s has size 1 along d (one divisor per row)",
+    '(rule ((= y (Red "sum" q d 1)) (= q (Bin "div" x s)) (= 1 (sz s d))) ((union y (Bin "div" (Red "sum" x d 1) s))))',
+)
 _rule(
     "unary-keeps-sizes",
     "elementwise",

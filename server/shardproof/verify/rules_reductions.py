@@ -36,6 +36,16 @@ _rule(
     "(sel G g d (RCons s e (RNil))) (sel I i d2 (RCons s e (RNil))) (= d (- d2 1)) (= K (sz I d2))) "
     "((psum Y y s e K)))",
 )
+# A comparison of shifted ids is one of the ids with the bound shifted alike: a rank that takes
+# its local ids first (`local = ids - start`) and tests `(local >= 0) & (local < n)` compares the
+# ids with [start, start + n), which the mask rules read.
+for _f in ("lt", "le", "gt", "ge", "eq", "ne"):
+    _rule(
+        f"{_f}-of-shifted",
+        "embedding",
+        f"{_f}(x - s, c) = {_f}(x, c + s): shifting both sides of a comparison keeps it",
+        f'(rule ((= y (ScI "{_f}" (ScI "sub" I s) c))) ((union y (ScI "{_f}" I (+ c s)))))',
+    )
 _rule(
     "vocab-mask",
     "embedding",

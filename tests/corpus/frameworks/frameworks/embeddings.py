@@ -152,3 +152,26 @@ def rank_zero_bias_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
 
 def functional_all_reduce_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return FunctionalAllReduceMLP(ref, rank, world_size)
+
+
+class ShiftedIdsVocabEmbedding(nn.Module):
+    """A vocabulary-parallel embedding that shifts the ids to its rows first and tests the local
+    ids against its row count (`(local >= 0) & (local < rows)`), looks up the clamped local ids
+    and zeroes the others by a product with the mask (Gemma-style stems written for TP)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.rows = VOCAB // world_size
+        self.start = rank * self.rows
+        self.table = nn.Parameter(ref.embed_tokens.weight.detach()[self.start : self.start + self.rows].clone())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        mine = (local >= 0) & (local < self.rows)
+        out = F.embedding(local.clamp(0, self.rows - 1), self.table) * mine.unsqueeze(-1).to(self.table.dtype)
+        dist.all_reduce(out)
+        return out
+
+
+def shifted_ids_vocab_embedding(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ShiftedIdsVocabEmbedding(ref, rank, world_size)

@@ -1,7 +1,8 @@
-"""Losses computed on tokens flattened first: ColossalAI's shardformer (`dist_cross_entropy`)
-and simple vocabulary-parallel losses view the logits as [tokens, vocab / p] and the labels as
-[tokens] before the vocabulary-parallel steps, where Megatron keeps [seq, batch, vocab / p]. Our
-own small equivalents, nothing copied."""
+"""Token-level losses over a vocabulary-sharded LM head. ColossalAI's shardformer
+(`dist_cross_entropy`) and simple vocabulary-parallel losses view the logits as [tokens, vocab / p]
+and the labels as [tokens] before the vocabulary-parallel steps, where Megatron keeps [seq, batch,
+vocab / p]; verl's entropy of the token distribution is computed from the same all-reduced max and
+sums. Our own small equivalents, nothing copied."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from .models import HIDDEN, VOCAB
 
 IGNORE_INDEX = -100
 
@@ -60,3 +63,45 @@ def flat_tokens_cross_entropy(ref: nn.Module, rank: int, world_size: int) -> nn.
 
 def flat_tokens_ignoring_cross_entropy(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return FlatTokensIgnoringLoss(ref, rank, world_size)
+
+
+class TokenEntropy(nn.Module):
+    """The reference of an RL trainer's entropy bonus: each token's entropy of the LM head's
+    distribution, logsumexp minus the softmax-weighted logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(x)
+        return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+
+
+class VocabParallelEntropy(nn.Module):
+    """verl's vocabulary-parallel entropy: the max all-reduced with MAX, the shifted exponentials'
+    sum and their logit-weighted sum each all-reduced, the weighted sum divided by the sum after
+    (the dims kept throughout)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(ref.lm_head.weight.chunk(world_size, dim=0)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.weight)
+        largest = logits.max(dim=-1, keepdim=True).values
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        exps = (logits - largest).exp()
+        summed = exps.sum(dim=-1, keepdim=True)
+        dist.all_reduce(summed)
+        weighted = (exps * logits).sum(dim=-1, keepdim=True)
+        dist.all_reduce(weighted)
+        return (largest + summed.log() - weighted / summed).squeeze(-1)
+
+
+def token_entropy() -> TokenEntropy:
+    return TokenEntropy()
+
+
+def vocab_parallel_entropy(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return VocabParallelEntropy(ref, rank, world_size)

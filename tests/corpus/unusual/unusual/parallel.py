@@ -219,6 +219,28 @@ def ulysses(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return Ulysses(ref, rank, world_size)
 
 
+class UlyssesGroupedKeys(Ulysses):
+    """Ulysses written for grouped-query attention: after the exchange the keys and values are
+    repeated up to the query heads by a count the code computes (`q heads // kv heads`), here 1
+    (multi-head attention: every head its own keys), as generic code does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        block = SEQ // self.world_size
+        local = x[:, self.rank * block : (self.rank + 1) * block]
+        q, k, v = (self._exchange(self.ref.heads(t), scatter=1, gather=2) for t in self.ref.qkv(local).chunk(3, dim=-1))
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = self._exchange(self.ref.attend(q, k, v), scatter=2, gather=1)
+        out = self.ref.out(out.transpose(1, 2).reshape(x.shape[0], block, HIDDEN)).contiguous()
+        parts = [torch.empty_like(out) for _ in range(self.world_size)]
+        dist.all_gather(parts, out)
+        return torch.cat(parts, dim=1)
+
+
+def ulysses_grouped_keys(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return UlyssesGroupedKeys(ref, rank, world_size)
+
+
 class RotaryHeads(nn.Module):
     """Tensor-parallel attention (heads split over ranks, the Megatron layout of a fused QKV) with
     interleaved GPT-J / Cohere rotary embeddings `x[..., ::2]`, `x[..., 1::2]`."""
