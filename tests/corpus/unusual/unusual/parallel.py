@@ -205,14 +205,17 @@ class Ulysses(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         block = SEQ // self.world_size
         local = x[:, self.rank * block : (self.rank + 1) * block]
-        q, k, v = self.ref.qkv(local).chunk(3, dim=-1)
-        heads = [self._exchange(self.ref.heads(t), scatter=1, gather=2) for t in (q, k, v)]
-        out = self.ref.attend(*heads)  # [batch, local heads, whole sequence, head dim]
+        q, k, v = (self._exchange(self.ref.heads(t), scatter=1, gather=2) for t in self.ref.qkv(local).chunk(3, dim=-1))
+        out = self.ref.attend(q, *self._keys_for(q, k, v))  # [batch, local heads, whole sequence, head dim]
         out = self._exchange(out, scatter=2, gather=1)  # [batch, all heads, local sequence, head dim]
         out = self.ref.out(out.transpose(1, 2).reshape(x.shape[0], block, HIDDEN)).contiguous()
         parts = [torch.empty_like(out) for _ in range(self.world_size)]
         dist.all_gather(parts, out)
         return torch.cat(parts, dim=1)
+
+    def _keys_for(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values the queries attend to (as exchanged)."""
+        return k, v
 
 
 def ulysses(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
@@ -224,17 +227,9 @@ class UlyssesGroupedKeys(Ulysses):
     repeated up to the query heads by a count the code computes (`q heads // kv heads`), here 1
     (multi-head attention: every head its own keys), as generic code does."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        block = SEQ // self.world_size
-        local = x[:, self.rank * block : (self.rank + 1) * block]
-        q, k, v = (self._exchange(self.ref.heads(t), scatter=1, gather=2) for t in self.ref.qkv(local).chunk(3, dim=-1))
+    def _keys_for(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         groups = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = self._exchange(self.ref.attend(q, k, v), scatter=2, gather=1)
-        out = self.ref.out(out.transpose(1, 2).reshape(x.shape[0], block, HIDDEN)).contiguous()
-        parts = [torch.empty_like(out) for _ in range(self.world_size)]
-        dist.all_gather(parts, out)
-        return torch.cat(parts, dim=1)
+        return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
 
 def ulysses_grouped_keys(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
