@@ -34,7 +34,7 @@ from ..graph.model import Graph, Node, TensorMeta
 # views that drop a size-1 dim (an index taken, a squeeze) rather than merge dims
 _DROPPING_A_DIM = ("aten::select", "aten::squeeze", "aten::unbind")
 
-# the attributes of each position-wise op this pass rewrites; a node with any other attribute
+# the attributes of each position-wise op this pass twins; a node with any other attribute
 # (a folded constant, a mask's facts) is left as it is
 _ATTRIBUTES: dict[str, set[str]] = {
     "unary": {"fn"},

@@ -138,15 +138,6 @@ def _(g: Gen) -> dict[str, Any]:
     return {"a": a, "b": b} if g.int(0, 1) else {"a": b, "b": a}
 
 
-@instance("sum-commutes")
-def _(g: Gen) -> dict[str, Any]:
-    """a and b of one shape, or b broadcast to a's (a bias along the last dim, a per-row term)."""
-    shape = _shape(g, g.int(1, 3))
-    b_shape = g.pick([shape, shape[-1:], [*shape[:-1], 1]])
-    a, b = g.tensor(*shape), g.tensor(*b_shape)
-    return {"a": a, "b": b} if g.int(0, 1) else {"a": b, "b": a}
-
-
 def _picked_rows(g: Gen, side: str) -> dict[str, Any]:
     """A value X of three dims picked along d by indices I (X's dims without d), both selected by
     R along another dim d2: left of d for `outer` (the indices' dim e = d2 + 1), right of it for

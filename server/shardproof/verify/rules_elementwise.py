@@ -129,13 +129,6 @@ _rule(
     '(rule ((= y (Bin "mul" a b))) ((union y (Bin "mul" b a))))',
 )
 _rule(
-    "sum-commutes",
-    "elementwise",
-    "a + b = b + a, broadcasting alike (a residual added to the block's output, or the output to the "
-    "residual; a bias after the value, or the value after the bias)",
-    '(rule ((= y (Bin "add" a b))) ((union y (Bin "add" b a))))',
-)
-_rule(
     "regroup-selected-product",
     "elementwise",
     "g * (a * r) = (g * a) * r: a rank scaling its block by a replicated factor and then by its block of a "
