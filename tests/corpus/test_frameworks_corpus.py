@@ -26,9 +26,6 @@ WITHOUT_SITE: dict[str, str] = {}
 # Programs the relation algebra cannot prove yet, each with what it lacks. A program that becomes
 # verified fails its test until it is taken off this list, so the list only shrinks.
 KNOWN_GAPS: dict[str, str] = {
-    "vllm-deferred-residual": "vLLM's fused add-norm adds `x + residual` where the reference adds "
-    "`residual + x`: additions do not commute in the rules (a commutation law made the regrouping rules "
-    "build every grouping of a long residual chain: minutes of saturation on a failing program)",
     "expert-parallel-tensor-parallel-tokens": (
         "the experts run on the received slots regrouped by a view ([ranks, experts, slots, hidden]) and "
         "chunked per expert, each multiplied by its own 2-D weight, where the reference multiplies the "

@@ -218,7 +218,9 @@ class _Pass:
         lead = self.flat[node.inputs[0]][1]
         if node.meta.shape != self.metas[node.inputs[0]].shape:
             return
-        self.flat[node.id] = (self._operand(node.id, lead, exact=True) or node.id, lead)
+        unflattened = self._operand(node.id, lead, exact=True)
+        if unflattened is not None:  # the all-reduce keeps its input's shape: always viewable
+            self.flat[node.id] = (unflattened, lead)
 
     def _merged_slice(self, node: Node, lead: Lead) -> bool:
         """A slice of the merged dim that is a box of the lead dims (one index of each dim before

@@ -102,6 +102,28 @@ def _(g: Gen) -> dict[str, Any]:
     return {"x": g.tensor(*_shape(g, g.int(1, 3)))}
 
 
+@instance("division-by-one-plus-exp-of-negation-is-sigmoid")
+def _(g: Gen) -> dict[str, Any]:
+    """a and g of one shape, or g broadcast (a per-row gate)."""
+    shape = _shape(g, g.int(1, 3))
+    g_shape = g.pick([shape, [*shape[:-1], 1]])
+    return {"a": g.tensor(*shape), "g": g.tensor(*g_shape)}
+
+
+@instance("reciprocal-of-one-plus-exp-of-negation-is-sigmoid")
+def _(g: Gen) -> dict[str, Any]:
+    return {"g": g.tensor(*_shape(g, g.int(1, 3)))}
+
+
+@instance("subtracting-a-negation-is-adding", "adding-a-negation-is-subtracting")
+def _(g: Gen) -> dict[str, Any]:
+    """a and b of one shape, or either broadcast to the other's."""
+    shape = _shape(g, g.int(1, 3))
+    small = g.pick([shape, shape[-1:], [*shape[:-1], 1]])
+    a, b = g.tensor(*shape), g.tensor(*small)
+    return {"a": a, "b": b} if g.int(0, 1) else {"a": b, "b": a}
+
+
 @instance("division-by-root-is-reciprocal-root")
 def _(g: Gen) -> dict[str, Any]:
     """a and a positive v of one shape, or v broadcast (a norm's per-row mean of squares)."""
@@ -132,6 +154,15 @@ def _(g: Gen) -> dict[str, Any]:
 @instance("product-commutes")
 def _(g: Gen) -> dict[str, Any]:
     """a and b of one shape, or b broadcast to a's (a weight along the last dims, a per-row factor)."""
+    shape = _shape(g, g.int(1, 3))
+    b_shape = g.pick([shape, shape[-1:], [*shape[:-1], 1]])
+    a, b = g.tensor(*shape), g.tensor(*b_shape)
+    return {"a": a, "b": b} if g.int(0, 1) else {"a": b, "b": a}
+
+
+@instance("sum-commutes")
+def _(g: Gen) -> dict[str, Any]:
+    """a and b of one shape, or b broadcast to a's (a bias along the last dim, a per-row term)."""
     shape = _shape(g, g.int(1, 3))
     b_shape = g.pick([shape, shape[-1:], [*shape[:-1], 1]])
     a, b = g.tensor(*shape), g.tensor(*b_shape)

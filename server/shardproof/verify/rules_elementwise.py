@@ -49,6 +49,31 @@ _rule(
     '(rule ((= y (Un "silu" x))) ((union y (Bin "mul" x (Un "sigmoid" x)))))',
 )
 _rule(
+    "division-by-one-plus-exp-of-negation-is-sigmoid",
+    "elementwise",
+    "a / (1 + exp(-g)) = a * sigmoid(g): the logistic function written out (`g / (1 + torch.exp(-g))` as silu)",
+    '(rule ((= y (Bin "div" a d)) (= d (ScI "add" (Un "exp" (Un "neg" g)) 1))) '
+    '((union y (Bin "mul" a (Un "sigmoid" g)))))',
+)
+_rule(
+    "reciprocal-of-one-plus-exp-of-negation-is-sigmoid",
+    "elementwise",
+    "1 / (1 + exp(-g)) = sigmoid(g)",
+    '(rule ((= y (Un "reciprocal" d)) (= d (ScI "add" (Un "exp" (Un "neg" g)) 1))) ((union y (Un "sigmoid" g))))',
+)
+_rule(
+    "subtracting-a-negation-is-adding",
+    "elementwise",
+    "a - (-b) = a + b, broadcasting alike",
+    '(rule ((= y (Bin "sub" a n)) (= n (Un "neg" b))) ((union y (Bin "add" a b))))',
+)
+_rule(
+    "adding-a-negation-is-subtracting",
+    "elementwise",
+    "a + (-b) = a - b, broadcasting alike",
+    '(rule ((= y (Bin "add" a n)) (= n (Un "neg" b))) ((union y (Bin "sub" a b))))',
+)
+_rule(
     "division-by-root-is-reciprocal-root",
     "elementwise",
     "a / sqrt(v) = a * rsqrt(v)",
@@ -127,6 +152,13 @@ _rule(
     "elementwise",
     "a * b = b * a, broadcasting alike (a norm's weight times the normalised value, or the value times the weight)",
     '(rule ((= y (Bin "mul" a b))) ((union y (Bin "mul" b a))))',
+)
+_rule(
+    "sum-commutes",
+    "elementwise",
+    "a + b = b + a, broadcasting alike (a residual added to the block's output, or the output to the "
+    "residual; a bias after the value, or the value after the bias)",
+    '(rule ((= y (Bin "add" a b))) ((union y (Bin "add" b a))))',
 )
 _rule(
     "regroup-selected-product",

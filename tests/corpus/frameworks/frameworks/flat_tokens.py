@@ -96,7 +96,7 @@ class VocabParallelEntropy(nn.Module):
         dist.all_reduce(summed)
         weighted = (exps * logits).sum(dim=-1, keepdim=True)
         dist.all_reduce(weighted)
-        return (summed.log() + largest - weighted / summed).squeeze(-1)
+        return (largest + summed.log() - weighted / summed).squeeze(-1)
 
 
 def token_entropy() -> TokenEntropy:
