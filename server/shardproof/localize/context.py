@@ -141,13 +141,21 @@ class Context(Blame, Pictures, Plans):
         related = {
             v for value in ref_node.inputs for _, vals in self.index.relations(value, rank, every=True) for v in vals
         }
-        rejoins = self._rejoining(rank)
+        rejoins = self._rejoining(rank) - self._reaching_outputs_unrelated(rank)
         for node in self.ev.ranks[rank].nodes:
             if not any(v in related for v in node.inputs) or node.id in rejoins:
                 continue
             if not self._related_within(rank, node.id, ahead):
                 return node
         return None
+
+    def other_op_on_same_values(self, ref_node: Node, rank: int, node: Node) -> bool:
+        """Whether the rank's `node` is an op of `ref_node`'s kind with another function (`>=`
+        where the reference has `>`) applied to values related alike to `ref_node`'s inputs."""
+        if node.op != ref_node.op or _fn(node) == _fn(ref_node) or len(node.inputs) != len(ref_node.inputs):
+            return False
+        related = [{v for _, vals in self.index.relations(value, rank) for v in vals} for value in ref_node.inputs]
+        return all(v in values for v, values in zip(node.inputs, related, strict=True))
 
     def _related_within(self, rank: int, value: str, ahead: set[str] | None) -> bool:
         """Whether a rank value is related to a reference value (one of `ahead`, when given: a
@@ -174,6 +182,20 @@ class Context(Blame, Pictures, Plans):
             if node.id in rejoins or self.is_related(rank, node.id):
                 rejoins.update(node.inputs)
         return rejoins
+
+    def _reaching_outputs_unrelated(self, rank: int) -> set[str]:
+        """The rank's unrelated values from which an output is computed through unrelated values
+        only: such a value changes what the rank returns even when another of its uses rejoins
+        the reference (a band mask whose fully masked rows are the reference's, used to mask
+        the scores too)."""
+        graph = self.ev.ranks[rank]
+        reaching = {v for v in graph.outputs if not self.is_related(rank, v)}
+        for node in reversed(graph.nodes):
+            if node.id in reaching or self.is_related(rank, node.id):
+                continue
+            if any(c in reaching for c in self.rank_consumers[rank].get(node.id, [])):
+                reaching.add(node.id)
+        return reaching
 
     def downstream_all_reduce(
         self, rank: int, value: str, depth: int = 8, kinds: tuple[str, ...] = ("all_reduce",)

@@ -71,6 +71,7 @@ from .detectors.wrong_constant import wrong_constant
 from .evidence import Evidence
 from .number_origin import relocated
 from .stages import missing_layers
+from .wording import describe_op
 
 PROGRAM_DETECTORS = [
     ProgramDetector(
@@ -167,6 +168,12 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
         if departure is not None:
             fallback.primary = ctx.rank_site(departure, "the rank's computation departs from the reference's here")
             fallback.parallel_nodes = fallback.parallel_nodes or [f"rank{first[1]}/{departure.id}"]
+            if ctx.other_op_on_same_values(first[0], first[1], departure):
+                ref_op, rank_op = describe_op(first[0]), describe_op(departure)
+                fallback.message = (
+                    f"rank {first[1]} computes {rank_op} where the reference computes {ref_op}, on matching inputs"
+                )
+                fallback.expected, fallback.found = ref_op, rank_op
     return fallback
 
 

@@ -10,6 +10,7 @@ from ...results import Discrepancy, Unsupported
 from ...verify.relations_found import ranges_text
 from ..context import Context
 from ..fused_parts import cut_by_the_user, one_block_of_parts, sharded_parameters
+from ..other_piece import another_piece
 from ..sites import to_site
 from ..wording import describe_op
 
@@ -39,7 +40,10 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
     suspects = sharded_parameters(ctx, rank, value) if one_block else frozenset()
     cut = ctx.blame(rank, value, suspects=suspects) if cut_by_the_user(ctx, rank, suspects) else None
     handover = ctx.handover_frame(ctx.rank_node(rank, value), aligned) if proper_shards else None
-    if cut is not None and cut[0] is not None and cut[1] in _CUTS:
+    taken = another_piece(ctx, ref_node, aligned, rank, ref_value, value) if not proper_shards else None
+    if taken is not None:
+        culprit_site, how = taken.site, "another-piece"
+    elif cut is not None and cut[0] is not None and cut[1] in _CUTS:
         culprit_site, how = cut[0], "one-block"
     elif handover is not None:
         # A proper shard that reached an op needing another layout: it was computed right and
@@ -67,6 +71,8 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
         kind = "shard-order"
     if how == "unrelated-parameter":
         kind = "unrelated-parameter"
+    if how == "another-piece":
+        kind = "wrong-shard"  # another slice of the right values than this use needs
     if how in ("handover", "layout", "reduced-blocks"):
         kind = "wrong-layout"
     where = ctx.rank_site(aligned).short() if aligned.site else "?"
@@ -88,6 +94,12 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
             "split (scattered) before the gather, or the gather is one too many"
         )
         how = "gather-of-whole"
+    if how == "another-piece":
+        assert taken is not None
+        message = (
+            f"rank {rank} applies the {describe_op(aligned)} at {where} to a value made from {taken.rank_piece} of "
+            f"its input, where the reference takes {taken.ref_piece}"
+        )
     if how == "reduced-blocks":
         message += (
             "; the all-reduce before it adds the ranks' blocks of a value (different parts of it), "
@@ -127,6 +139,8 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
             else "reduce partial sums, not blocks: move the all-reduce after the operation that makes the "
             "ranks' partial sums (the row-parallel linear), or gather the blocks instead"
             if how == "reduced-blocks"
+            else "take the piece the reference takes (see the first location)"
+            if how == "another-piece"
             else "make this rank hold the slice its partners expect (see the first location)"
         ),
         details={"blame": how, "wrong_inputs": [w[0] for w in wrong], "culprit": f"rank{rank}/{value}"},

@@ -130,8 +130,9 @@ def context_parallel(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
 
 
 def rotated(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of [batch, heads, seq, head_dim] at the given sequence positions."""
-    inverse = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM))
+    """Rotary embedding of [batch, heads, seq, dims] at the given sequence positions."""
+    dims = x.shape[-1]
+    inverse = 1.0 / (10000.0 ** (torch.arange(0, dims, 2, dtype=torch.float32) / dims))
     angles = positions[:, None].float() * inverse[None, :]
     cos, sin = angles.cos(), angles.sin()
     even, odd = x[..., 0::2], x[..., 1::2]
@@ -174,3 +175,112 @@ def rotary_attention() -> RotaryAttention:
 
 def context_parallel_rotary(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ContextParallelRotary(ref, rank, world_size)
+
+
+def sliding_window(s: int, window: int) -> torch.Tensor:
+    """Mistral's band: each query sees itself and the `window - 1` positions before it."""
+    query, key = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    return (key <= query) & (query - key < window)
+
+
+class SlidingWindowAttention(MaskedAttention):
+    """Causal attention within a window of `WINDOW` positions, the band mask passed to sdpa."""
+
+    WINDOW = 3
+
+    def band(self, s: int) -> torch.Tensor:
+        return sliding_window(s, self.WINDOW)
+
+    def attend(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        b, s, _ = x.shape
+        split = [t.view(b, s, heads, HEAD_DIM).transpose(1, 2) for t in (self.q(x), *self.kv(x).chunk(2, dim=-1))]
+        out = F.scaled_dot_product_attention(*split, attn_mask=self.band(s))
+        return out.transpose(1, 2).reshape(b, s, heads * HEAD_DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.attend(x, HEADS))
+
+
+class SlidingWindowHeads(SlidingWindowAttention):
+    """Each rank its heads (its rows of q and of k and v each, its columns of `out`), with a band
+    of its own that must be the reference's."""
+
+    def __init__(self, ref: SlidingWindowAttention, rank: int, world_size: int) -> None:
+        super().__init__()
+        n = HIDDEN // world_size
+        k, v = ref.kv.weight.chunk(2, dim=0)
+        self.q.weight = nn.Parameter(ref.q.weight[rank * n : (rank + 1) * n].clone())
+        self.kv.weight = nn.Parameter(torch.cat([k[rank * n : (rank + 1) * n], v[rank * n : (rank + 1) * n]]))
+        self.out.weight = nn.Parameter(ref.out.weight[:, rank * n : (rank + 1) * n].clone())
+        self.heads_here = HEADS // world_size
+
+    def band(self, s: int) -> torch.Tensor:
+        query, key = torch.arange(s)[:, None], torch.arange(s)[None, :]
+        return (key <= query) & (query - key <= self.WINDOW)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = self.out(self.attend(x, self.heads_here))
+        dist.all_reduce(partial)
+        return partial
+
+
+def sliding_window_attention() -> SlidingWindowAttention:
+    return SlidingWindowAttention()
+
+
+def sliding_window_heads(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return SlidingWindowHeads(ref, rank, world_size)
+
+
+class PartialRotaryAttention(MaskedAttention):
+    """GPT-NeoX's partial rotary: only the first half of each head's dims is rotated, the rest
+    passes through."""
+
+    ROTARY_DIMS = HEAD_DIM // 2
+
+    def rotary_parts(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return t[..., : self.ROTARY_DIMS], t[..., self.ROTARY_DIMS :]
+
+    def rotate(self, t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        turned, kept = self.rotary_parts(t)
+        return torch.cat((rotated(turned, positions), kept), dim=-1)
+
+    def attend(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, heads, HEAD_DIM).transpose(1, 2) for t in (self.q(x), *self.kv(x).chunk(2, dim=-1)))
+        positions = torch.arange(s)
+        out = F.scaled_dot_product_attention(self.rotate(q, positions), self.rotate(k, positions), v, is_causal=True)
+        return out.transpose(1, 2).reshape(b, s, heads * HEAD_DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.attend(x, HEADS))
+
+
+class PartialRotaryHeads(PartialRotaryAttention):
+    """Each rank its heads; its own split of a head into rotated and passed dims."""
+
+    def __init__(self, ref: PartialRotaryAttention, rank: int, world_size: int) -> None:
+        super().__init__()
+        n = HIDDEN // world_size
+        k, v = ref.kv.weight.chunk(2, dim=0)
+        self.q.weight = nn.Parameter(ref.q.weight[rank * n : (rank + 1) * n].clone())
+        self.kv.weight = nn.Parameter(torch.cat([k[rank * n : (rank + 1) * n], v[rank * n : (rank + 1) * n]]))
+        self.out.weight = nn.Parameter(ref.out.weight[:, rank * n : (rank + 1) * n].clone())
+        self.heads_here = HEADS // world_size
+
+    def rotary_parts(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        passed = HEAD_DIM - self.ROTARY_DIMS
+        return t[..., passed:], t[..., :passed]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = self.out(self.attend(x, self.heads_here))
+        dist.all_reduce(partial)
+        return partial
+
+
+def partial_rotary_attention() -> PartialRotaryAttention:
+    return PartialRotaryAttention()
+
+
+def partial_rotary_heads(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return PartialRotaryHeads(ref, rank, world_size)
