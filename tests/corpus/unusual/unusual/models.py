@@ -26,6 +26,11 @@ class ResidualMLP(MLP):
         return x + self.down(F.gelu(self.up(x)))
 
 
+class SwishResidualMLP(MLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.silu(self.up(x)))
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with interleaved (GPT-J style) rotary embeddings."""
 
@@ -149,6 +154,10 @@ def mlp() -> MLP:
 
 def residual_mlp() -> ResidualMLP:
     return ResidualMLP()
+
+
+def swish_residual_mlp() -> SwishResidualMLP:
+    return SwishResidualMLP()
 
 
 def attention() -> Attention:

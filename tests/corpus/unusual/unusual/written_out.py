@@ -1,6 +1,7 @@
 """Parallel programs that write out what their reference calls: attention as matmuls, a scale, a
 causal mask and a softmax (against `F.scaled_dot_product_attention`), a mean and a norm as sums
-all-reduced and divided by the full size (against `mean` and `nn.RMSNorm`); and the other way
+all-reduced and divided by the full size (against `mean` and `nn.RMSNorm`), swish as
+`h / (1 + exp(-h))` (against `F.silu`); and the other way
 round, attention through `F.scaled_dot_product_attention` against a reference that writes it
 out with an additive mask. Our own code."""
 
@@ -235,3 +236,27 @@ class WidthShardedRMSNorm(nn.Module):
 
 def width_sharded_rms_norm(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return WidthShardedRMSNorm(ref, rank, world_size)
+
+
+class QuotientSwishMLP(nn.Module):
+    """A column- and row-parallel MLP whose activation is written as `h / (1 + exp(-h))` (the
+    swish of ports that spell out the logistic function) and whose residual comes last, after the
+    bias: `(out + bias) + x` where the reference adds `x + (out + bias)`."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        n = FFN // world_size
+        self.up_w = _block(ref.up.weight, 0, rank * n, n)
+        self.up_b = _block(ref.up.bias, 0, rank * n, n)
+        self.down_w = _block(ref.down.weight, 1, rank * n, n)
+        self.down_b = ref.down.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.linear(x, self.up_w, self.up_b)
+        out = F.linear(h / (1 + torch.exp(-h)), self.down_w)
+        dist.all_reduce(out)
+        return out + self.down_b + x
+
+
+def quotient_swish_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return QuotientSwishMLP(ref, rank, world_size)
