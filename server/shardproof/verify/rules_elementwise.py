@@ -157,8 +157,9 @@ _rule(
     "sum-commutes",
     "elementwise",
     "a + b = b + a, broadcasting alike (a residual added to the block's output, or the output to the "
-    "residual; a bias after the value, or the value after the bias)",
-    '(rule ((= y (Bin "add" a b))) ((union y (Bin "add" b a))))',
+    "residual; a bias after the value, or the value after the bias); stated at sums a program computes: "
+    "commuting every sum the rules make cost 20% of the saturation at 64 ranks",
+    '(rule ((= y (Bin "add" a b)) (node y v)) ((union y (Bin "add" b a))))',
 )
 _rule(
     "regroup-selected-product",
