@@ -201,11 +201,15 @@ class SlidingWindowAttention(MaskedAttention):
         return self.out(self.attend(x, HEADS))
 
 
-class SlidingWindowHeads(SlidingWindowAttention):
-    """Each rank its heads (its rows of q and of k and v each, its columns of `out`), with a band
-    of its own that must be the reference's."""
+class OwnHeads(nn.Module):
+    """Mixed in before a reference class whose `attend(x, heads)` runs the attention: each rank its
+    heads (its rows of q and of k and v each, its columns of `out`), the output all-reduced."""
 
-    def __init__(self, ref: SlidingWindowAttention, rank: int, world_size: int) -> None:
+    q: nn.Linear
+    kv: nn.Linear
+    out: nn.Linear
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
         super().__init__()
         n = HIDDEN // world_size
         k, v = ref.kv.weight.chunk(2, dim=0)
@@ -214,14 +218,18 @@ class SlidingWindowHeads(SlidingWindowAttention):
         self.out.weight = nn.Parameter(ref.out.weight[:, rank * n : (rank + 1) * n].clone())
         self.heads_here = HEADS // world_size
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = self.out(self.attend(x, self.heads_here))  # type: ignore[attr-defined]
+        dist.all_reduce(partial)
+        return partial
+
+
+class SlidingWindowHeads(OwnHeads, SlidingWindowAttention):
+    """Each rank its heads, with a band of its own that must be the reference's."""
+
     def band(self, s: int) -> torch.Tensor:
         query, key = torch.arange(s)[:, None], torch.arange(s)[None, :]
         return (key <= query) & (query - key <= self.WINDOW)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = self.out(self.attend(x, self.heads_here))
-        dist.all_reduce(partial)
-        return partial
 
 
 def sliding_window_attention() -> SlidingWindowAttention:
@@ -256,26 +264,12 @@ class PartialRotaryAttention(MaskedAttention):
         return self.out(self.attend(x, HEADS))
 
 
-class PartialRotaryHeads(PartialRotaryAttention):
+class PartialRotaryHeads(OwnHeads, PartialRotaryAttention):
     """Each rank its heads; its own split of a head into rotated and passed dims."""
-
-    def __init__(self, ref: PartialRotaryAttention, rank: int, world_size: int) -> None:
-        super().__init__()
-        n = HIDDEN // world_size
-        k, v = ref.kv.weight.chunk(2, dim=0)
-        self.q.weight = nn.Parameter(ref.q.weight[rank * n : (rank + 1) * n].clone())
-        self.kv.weight = nn.Parameter(torch.cat([k[rank * n : (rank + 1) * n], v[rank * n : (rank + 1) * n]]))
-        self.out.weight = nn.Parameter(ref.out.weight[:, rank * n : (rank + 1) * n].clone())
-        self.heads_here = HEADS // world_size
 
     def rotary_parts(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         passed = HEAD_DIM - self.ROTARY_DIMS
         return t[..., passed:], t[..., :passed]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = self.out(self.attend(x, self.heads_here))
-        dist.all_reduce(partial)
-        return partial
 
 
 def partial_rotary_attention() -> PartialRotaryAttention:
