@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..graph.model import Frame, Node
+from ..graph.numbers import NumberStep
 from ..relations import expr as px
 from ..results import Site
 from ..verify.relations_found import Relation
-from .kept_numbers import kept_factor
+from .kept_numbers import kept_factor, kept_number
 from .sites import Line, line_of, pick_frame, to_site
 from .wording import describe_op
 
@@ -80,13 +81,20 @@ class Blame:
         if node.op != "scalar" or not isinstance(used, int | float) or not used or frame is None:
             return None
 
-        kept = kept_factor(node.site, frame, self.ev.rank_numbers[rank], float(used))
-        if kept is None:
+        return _computed_from_world_size(kept_factor(node.site, frame, self.ev.rank_numbers[rank], float(used)))
+
+    def kept_size_site(self, rank: int, node: Node) -> Site | None:
+        """Where a size of a view's shape was computed, when the forward reads it from a number
+        the builder kept and computed from the world size (a group size set to the local width):
+        the computation, not the view (which may be a helper shared with the reference)."""
+        shape = node.attrs.get("shape")
+        frame = node.site.innermost if node.site is not None else None
+        if node.op != "view" or not isinstance(shape, list) or frame is None:
             return None
-        step, name = kept
-        if step.frame is None or not any(s.op == "world size" for s in step.ancestors()):
-            return None
-        return to_site(step.frame, f"{name} is computed here, from this rank's share of a size")
+        sizes = {float(size) for size in shape}
+        return _computed_from_world_size(
+            kept_number(node.site, frame, self.ev.rank_numbers[rank], lambda value: value in sizes)
+        )
 
     def _scatters_selection(self, rank: int, node: Node) -> bool:
         """The node holds a selection of several ranges although each input is one range."""
@@ -343,3 +351,13 @@ def _walk(expr: px.Expr) -> list[px.Expr]:
     for child in px.children(expr):
         out.extend(_walk(child))
     return out
+
+
+def _computed_from_world_size(kept: tuple[NumberStep, str] | None) -> Site | None:
+    """Where a kept number was computed, when it was computed from the world size."""
+    if kept is None:
+        return None
+    step, name = kept
+    if step.frame is None or not any(s.op == "world size" for s in step.ancestors()):
+        return None
+    return to_site(step.frame, f"{name} is computed here, from this rank's share of a size")

@@ -102,9 +102,7 @@ class Context(Blame, Pictures, Plans):
 
     def aligned(self, ref_node: Node, rank: int) -> Node | None:
         """The rank node that plays the part of `ref_node`: same op, inputs related to its inputs."""
-        related_inputs: list[set[str]] = []
-        for value in ref_node.inputs:
-            related_inputs.append({v for _, vals in self.index.relations(value, rank) for v in vals})
+        related_inputs = self._related_to_inputs(ref_node, rank)
         best: tuple[int, int, int, Node] | None = None
         by_name: Node | None = None
         for order, node in enumerate(self.ev.ranks[rank].nodes):
@@ -154,8 +152,12 @@ class Context(Blame, Pictures, Plans):
         where the reference has `>`) applied to values related alike to `ref_node`'s inputs."""
         if node.op != ref_node.op or _fn(node) == _fn(ref_node) or len(node.inputs) != len(ref_node.inputs):
             return False
-        related = [{v for _, vals in self.index.relations(value, rank) for v in vals} for value in ref_node.inputs]
+        related = self._related_to_inputs(ref_node, rank)
         return all(v in values for v, values in zip(node.inputs, related, strict=True))
+
+    def _related_to_inputs(self, ref_node: Node, rank: int) -> list[set[str]]:
+        """Per input of `ref_node`, the rank values related to it."""
+        return [{v for _, vals in self.index.relations(value, rank) for v in vals} for value in ref_node.inputs]
 
     def _related_within(self, rank: int, value: str, ahead: set[str] | None) -> bool:
         """Whether a rank value is related to a reference value (one of `ahead`, when given: a

@@ -33,12 +33,13 @@ def another_piece(
         return None
     piece, ref_piece = found
     reading, ref_reading = ctx.rank_site(aligned), ctx.ref_site(ref_node)
-    if piece.id == value and reading is not None and ref_reading is not None:
-        written_otherwise = reading.code.strip() != ref_reading.code.strip()
-        if written_otherwise:
-            site = ctx.rank_site(aligned, "this operation reads another piece than the reference's")
-            return AnotherPiece(site, _described(piece), _described(ref_piece))
-    site = ctx.rank_site(piece, "this piece is taken here; the reference takes another one for this use")
+    written_otherwise = (
+        reading is not None and ref_reading is not None and reading.code.strip() != ref_reading.code.strip()
+    )
+    if piece.id == value and written_otherwise:
+        site = ctx.rank_site(aligned, "this operation reads another piece than the reference's")
+    else:
+        site = ctx.rank_site(piece, "this piece is taken here; the reference takes another one for this use")
     return AnotherPiece(site, _described(piece), _described(ref_piece))
 
 

@@ -6,34 +6,16 @@ sharded inputs is reported as such. Reads the aligned rank node's input relation
 from __future__ import annotations
 
 from ...graph.model import Node
-from ...results import Discrepancy, Site, Unsupported
+from ...results import Discrepancy, Unsupported
 from ...verify.relations_found import ranges_text
 from ..context import Context
 from ..fused_parts import cut_by_the_user, one_block_of_parts, sharded_parameters
-from ..kept_numbers import kept_number
 from ..other_piece import another_piece
 from ..sites import to_site
 from ..wording import describe_op
 
 # how `Blame.blame` names the line that cut a rank's block (a parameter's load, a per-rank slice)
 _CUTS = ("provenance", "provenance-slice", "rank-dependent-slice")
-
-
-def _kept_size_site(ctx: Context, rank: int, node: Node) -> Site | None:
-    """Where a size of a view's shape was computed, when the forward reads it from a number the
-    builder kept and computed from the world size (the rank's share of a size)."""
-    shape = node.attrs.get("shape")
-    frame = node.site.innermost if node.site is not None else None
-    if node.op != "view" or not isinstance(shape, list) or frame is None:
-        return None
-    sizes = {float(size) for size in shape}
-    kept = kept_number(node.site, frame, ctx.ev.rank_numbers[rank], lambda value: value in sizes)
-    if kept is None:
-        return None
-    step, name = kept
-    if step.frame is None or not any(s.op == "world size" for s in step.ancestors()):
-        return None
-    return to_site(step.frame, f"{name} is computed here, from this rank's share of a size")
 
 
 def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupported | None:
@@ -63,7 +45,7 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
         culprit_site, how = taken.site, "another-piece"
     elif cut is not None and cut[0] is not None and cut[1] in _CUTS:
         culprit_site, how = cut[0], "one-block"
-    elif (kept := _kept_size_site(ctx, rank, aligned)) is not None:
+    elif (kept := ctx.kept_size_site(rank, aligned)) is not None:
         # a view shaped by a number the builder computed from this rank's share of a size (a
         # group size set to the local width): the computation is the line to change, not the view
         culprit_site, how = kept, "kept-size"
