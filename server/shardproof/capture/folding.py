@@ -130,6 +130,42 @@ class LiteralValues(TorchFunctionMode):
 
 _FROM_DATA = (torch.tensor, torch.as_tensor)
 
+
+class ListedIndices(TorchFunctionMode):
+    """`x[..., [-2], :]` indexed with the list made a CPU tensor first: the same operation (a list
+    of ints indexes as the tensor of its ints), whose index export then lifts with its value.
+    Left as a list, torch makes the index tensor inside the call on x's device, where capture
+    (the meta device) gives it no value, and nothing could tell which positions are read."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _INDEXING and len(args) >= 2 and not _is_dtensor(args[0]):
+            args = (args[0], _listed(args[1]), *args[2:])
+        return func(*args, **kwargs)
+
+
+_INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+
+
+def _is_dtensor(value: Any) -> bool:
+    return type(value).__name__ == "DTensor"
+
+
+def _listed(index: Any) -> Any:
+    if isinstance(index, tuple):
+        return tuple(_listed(part) for part in index)
+    if isinstance(index, list) and _ints_only(index):
+        return torch.tensor(index, device="cpu")
+    return index
+
+
+def _ints_only(values: list[Any]) -> bool:
+    """A non-empty (nested) list of ints, not bools (a list of bools indexes as a mask)."""
+    return bool(values) and all(
+        _ints_only(v) if isinstance(v, list) else isinstance(v, int) and not isinstance(v, bool) for v in values
+    )
+
+
 # the largest constant kept with its graph for verify/constant_blocks.py (a 256-token mask)
 MAX_KEPT = 1 << 16
 

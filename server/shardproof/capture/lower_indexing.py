@@ -4,6 +4,7 @@ computes."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -13,6 +14,9 @@ from ..graph.model import TensorMeta
 from ..relations.expr import norm_dim
 from . import example_values
 from .lowering_tables import _filled_with, _is_arange, _literal, _meta_of, _scalar_literal
+
+_INDEX_TYPES = (torch.int64, torch.int32)
+_PASSING_VALUES = (torch.ops.aten.detach_, torch.ops.aten.detach, torch.ops.aten.alias, torch.ops.aten.lift_fresh_copy)
 
 
 class IndexingLowering:
@@ -119,8 +123,11 @@ class IndexingLowering:
 
     def op_index(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         """x[arange(N), i] on a [N, C] x (fairscale's and Megatron's predicted logits): the pick of
-        row n's entry i[n]."""
+        row n's entry i[n]; and x[..., [a, a + s, ...], ...] (one index of known evenly spaced
+        positions, Falcon's `qkv[..., [-2], :]`): the slice it reads."""
         indices = args[1]
+        if self._evenly_spaced(fx, args[0], indices, meta):
+            return True
         if not isinstance(indices, list | tuple) or len(indices) != 2:
             return False
         rows, index = indices
@@ -142,6 +149,39 @@ class IndexingLowering:
         picked = self.add(fx, "pick", [source, index_id], {"dim": -1}, rows, suffix=".pick")
         self.picks_viewed.add(self.view(fx, picked, meta))
         return True
+
+    def _evenly_spaced(self, fx: torch.fx.Node, source: Any, indices: Any, meta: TensorMeta) -> bool:
+        """Indexing one dim by a constant 1-D index of positions a, a + s, ..., a + (n - 1) s (s >= 1,
+        negative positions counted from the end) reads what x[..., a : a + n s : s, ...] reads: with
+        one index tensor, its dim stays where it was."""
+        if not isinstance(indices, list | tuple) or not isinstance(source, torch.fx.Node):
+            return False
+        given = [(dim, index) for dim, index in enumerate(indices) if index is not None]
+        if len(given) != 1 or not isinstance(given[0][1], torch.fx.Node):
+            return False
+        dim, index = given[0]
+        value = self._known_index(index)
+        if value is None or value.ndim != 1 or value.numel() == 0 or value.dtype not in _INDEX_TYPES:
+            return False
+        size = self.meta(self.value(source)).shape[dim]
+        positions = [int(p) + size if int(p) < 0 else int(p) for p in value.tolist()]
+        if not all(0 <= p < size for p in positions):
+            return False
+        step = positions[1] - positions[0] if len(positions) > 1 else 1
+        if step < 1 or any(b - a != step for a, b in itertools.pairwise(positions)):
+            return False
+        start, end = positions[0], positions[-1] + 1
+        return self.op_slice(fx, [source, dim, start, end, step], {}, meta)
+
+    def _known_index(self, index: torch.fx.Node) -> torch.Tensor | None:
+        """The value of a constant index (export reads a lifted one through an in-place detach_)."""
+        while index.name not in self.folder.values and index.op == "call_function" and index.args:
+            if getattr(index.target, "overloadpacket", None) not in _PASSING_VALUES or not isinstance(
+                index.args[0], torch.fx.Node
+            ):
+                return None
+            index = index.args[0]
+        return self.folder.values.get(index.name)
 
     def _unflattened(self, logits: str, targets: str) -> tuple[str, str] | None:
         """(x, t) when logits = x.view(-1, C) and targets = t.view(-1) with t of x's leading shape."""

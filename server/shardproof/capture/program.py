@@ -31,7 +31,7 @@ from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_determi
 from . import collector, dtensor, environment, example_values
 from .blocks import tensor_attributes
 from .fake_pg import fake_rank, group_ranks
-from .folding import LiteralValues
+from .folding import ListedIndices, LiteralValues
 from .forked import map_ranks
 from .frames import exact_stack_traces
 from .lowering_tables import dtype_name
@@ -293,6 +293,7 @@ def _export_once(module: nn.Module, inputs: tuple[Any, ...]) -> torch.export.Exp
         extended_collective_remaps(),
         warnings.catch_warnings(),
         _quiet_torch_logs(),
+        ListedIndices(),
     ):
         # torch warns about deprecated collectives and pytree internals while tracing user code
         warnings.simplefilter("ignore")
