@@ -567,10 +567,10 @@ def encode_unit(
     skeleton is such a chain (one call per layer, in every program), and egglog 13 spends 40-170
     us on every command, whatever it is."""
     from .op_laws import laws_for
-    from .rules import opaque_ops
+    from .rules import opaque_forms
 
     encoder = Encoder()
-    laws = laws_for(reference, opaque_ops())
+    laws = laws_for(reference, opaque_forms())
     # the backward of a joint graph is linear in its seed: carry constant factors (see Encoder._factored)
     encoder.factor_out = any(role is not None for role in reference.gradient_roles)
     if outputs_only:

@@ -8,7 +8,8 @@ applied to the full values this way". For every opaque call of a program (an ope
 normalizer keeps whole and no hand-written rule matches: `index.Tensor`, `histc`, a library's
 custom op), the strategies are asked for each single-placement combination of its inputs, on the
 reference call's shapes; every communication-free answer becomes an egglog rule specialised to
-that call (its target and literal arguments).
+that call (its target and literal arguments). Indexing along one dim, which DTensor has no
+strategy for, adds candidates of its own (indexing_laws.py), checked the same way.
 
 A strategy is PyTorch's claim, not a proof: each law is first checked on concrete tensors (the
 op run on random full inputs and on the ranks' pieces of them, worlds of 2 and 3 ranks, even and
@@ -29,7 +30,7 @@ import contextlib
 import hashlib
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -332,8 +333,9 @@ def _target(call: Call) -> str:
 # ---------------------------------------------------------------------------------------------
 # the program's laws
 # ---------------------------------------------------------------------------------------------
-def laws_for(graph: Graph, has_rule: frozenset[str]) -> LawSet:
-    """Checked laws for every opaque call of `graph` (the reference) no hand-written rule matches,
+def laws_for(graph: Graph, has_rule: Mapping[str, frozenset[str] | None]) -> LawSet:
+    """Checked laws for every opaque call of `graph` (the reference) no hand-written rule matches
+    (`has_rule`: the literal arguments the rules require of each target, None for any),
     as rules for the calls of that target, literal arguments and ranks in every program.
 
     Calls that share a target and literal arguments share one function symbol, whatever their
@@ -347,8 +349,9 @@ def laws_for(graph: Graph, has_rule: frozenset[str]) -> LawSet:
     for node in graph.nodes:
         if node.op != "generic" or not 0 < len(node.inputs) <= 4:
             continue
-        if str(node.attrs.get("target", "")) in has_rule:
-            continue
+        target = str(node.attrs.get("target", ""))
+        if target in has_rule and (has_rule[target] is None or opaque_attrs(node) in has_rule[target]):
+            continue  # a hand-written rule matches this call
         inputs = [metas[i] for i in node.inputs]
         ranks = (*(m.ndim for m in inputs), node.meta.ndim)
         groups.setdefault((opaque_key(node), opaque_attrs(node), ranks), []).append(call_of(node, inputs))
@@ -380,9 +383,11 @@ def _call_key(call: Call) -> str:
 
 
 def _strategy_laws(call: Call) -> list[Law]:
+    from .indexing_laws import indexing_laws
+
     key = _call_key(call)
     if key not in _STRATEGIES:
-        _STRATEGIES[key] = strategy_laws(call)
+        _STRATEGIES[key] = strategy_laws(call) + indexing_laws(call)
     return _STRATEGIES[key]
 
 
