@@ -30,11 +30,7 @@ SIZES = {check["name"]: check["world-sizes"] for check in checks(CORPUS)}
 # Cases shardproof does not report at their exact line today (name -> where it reports them and
 # with what verdict). Each is an xfail(strict): a case that becomes exact fails until it is taken
 # off this list, so the list only shrinks.
-KNOWN_MISSES: dict[str, str] = {
-    "group-size-divided-by-world": "reported at up's loader as one block of a fused weight (the rank's view "
-    "splits its block into as many groups as the reference's whole value has): the one-block reading of a "
-    "fused weight comes before the kept group size (mismatch.py)",
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 _RESULTS: dict[str, object] = {}
 

@@ -55,6 +55,35 @@ def one_block_of_parts(ctx: Context, ref_node: Node, aligned: Node, rank: int, v
     return OneBlockOfParts(dim, blocks[0], tuple(parts))
 
 
+def whole_count_on_block(ctx: Context, ref_node: Node, aligned: Node, rank: int, value: str) -> int | None:
+    """The count of parts the rank's block holds, when the rank's `aligned` view factors `value`,
+    one contiguous block of whole parts of the reference's value, into as many parts as the
+    reference's view makes of the whole value (heads viewed with the model's head count where the
+    rank's block holds its share of the heads): the view's count is what is wrong."""
+    if ref_node.op != "view" or aligned.op != "view" or not ref_node.inputs:
+        return None
+    fused = ref_node.inputs[0]
+    shape = ctx._shape(fused)
+    factored = _leading_factor(tuple(shape), tuple(ref_node.attrs.get("shape", ()))) if shape else None
+    if factored is None:
+        return None
+    dim, count = factored
+    try:
+        local = tuple(ctx.ev.ranks[rank].meta_of(value).shape)
+    except KeyError:
+        return None
+    if _leading_factor(local, tuple(aligned.attrs.get("shape", ()))) != (dim, count):
+        return None
+    part = shape[dim] // count
+    for rel in ctx.relations_between(fused, rank, value):
+        if rel.kind != "sel" or len(rel.ranges) != 1 or rel.dim % len(shape) != dim:
+            continue
+        start, end = rel.ranges[0]
+        if end - start < shape[dim] and start % part == 0 and (end - start) % part == 0:
+            return (end - start) // part
+    return None
+
+
 def _split(ctx: Context, ref_node: Node, shape: tuple[int, ...]) -> tuple[int, list[tuple[int, int]]] | None:
     """The dim the reference splits its value along and the parts, in order: the slices of the
     value along the dim of `ref_node` when they tile it, or the equal parts of a view's leading
@@ -67,12 +96,34 @@ def _split(ctx: Context, ref_node: Node, shape: tuple[int, ...]) -> tuple[int, l
         return (dim, parts) if len(parts) >= 2 and blocked_tiling(parts, shape[dim]) else None
     if ref_node.op == "view":
         factored = _leading_factor(shape, tuple(ref_node.attrs.get("shape", ())))
-        if factored is None:
+        if factored is None or not _parts_taken_apart(ctx, ref_node, factored[0]):
             return None
         dim, count = factored
         size = shape[dim] // count
         return dim, [(i * size, (i + 1) * size) for i in range(count)]
     return None
+
+
+def _parts_taken_apart(ctx: Context, view: Node, dim: int, depth: int = 4) -> bool:
+    """Whether the reference takes the view's parts (its factor `dim`) apart: a slice along that
+    dim, after any permutations (q, k and v of a [b, s, 3, heads, d] view). A factor the
+    reference carries whole, one computation for every part (the heads of attention), is not a
+    fused value's parts: a rank's view into that many parts holds the wrong count of them."""
+    frontier = [(view.id, dim % len(view.meta.shape))]
+    for _ in range(depth):
+        following = []
+        for value, at in frontier:
+            for consumer_id in ctx.ref_consumers.get(value, []):
+                consumer = ctx.ref_nodes[consumer_id]
+                ndim = len(consumer.meta.shape)
+                if consumer.op == "slice" and _dim(consumer, ndim) == at:
+                    return True
+                if consumer.op == "permute":
+                    perm = [p % ndim for p in consumer.attrs.get("perm", [])]
+                    if at in perm:
+                        following.append((consumer.id, perm.index(at)))
+        frontier = following
+    return False
 
 
 def _rank_part_count(ctx: Context, aligned: Node, rank: int, value: str, dim: int, ndim: int) -> int:

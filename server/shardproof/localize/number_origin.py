@@ -21,7 +21,7 @@ index into rows.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,6 +44,16 @@ class _Cut:
     rank: int
     use: NumberUse
     size: int  # the cut dim's size
+    # further cuts the rank joins to this one, in order (a shard assembled head by head: `cat([W[h *
+    # d : (h + 1) * d] for h in heads])`): together one range when each starts where the last ends
+    more: tuple[NumberUse, ...] = ()
+
+    @property
+    def uses(self) -> tuple[NumberUse, ...]:
+        return (self.use, *self.more)
+
+    def parts(self) -> list[_Cut]:
+        return [_Cut(self.rank, use, self.size) for use in self.uses]
 
 
 def cuts_at(rank_numbers: list[BuilderNumbers], line: Line, size: int | None = None) -> dict[int, list[_Cut]]:
@@ -89,6 +99,20 @@ def number_origin(
         matching = [c for c in cuts if held is None or rank not in held or _range_now(c) == held[rank]]
         if matching:
             chosen[rank] = matching[0]
+    origin = _origin_of(rank_numbers, line, chosen, expected)
+    joined = _joined(by_rank) if held is None else None
+    if origin is None and joined is not None:
+        # several cuts per rank at the line (a shard taken head by head): as one cut each
+        origin = _origin_of(rank_numbers, line, joined, expected)
+    return origin
+
+
+def _origin_of(
+    rank_numbers: list[BuilderNumbers],
+    line: Line,
+    chosen: dict[int, _Cut],
+    expected: dict[int, tuple[int, int]] | None,
+) -> NumberOrigin | None:
     if len(chosen) < 2 or len({c.size for c in chosen.values()}) != 1:
         return None
     use_frame = next(iter(chosen.values())).use.frame
@@ -102,6 +126,16 @@ def number_origin(
     if found is None or found.frame is None or line_of(found.frame) == line:
         return None
     return NumberOrigin(_widest_on_line(found, chosen), use_frame, how)
+
+
+def _joined(by_rank: dict[int, list[_Cut]]) -> dict[int, _Cut] | None:
+    """Every rank's several cuts at the line, of one dim, as one cut each (the pieces of a shard
+    taken head by head): when every rank makes as many, more than one."""
+    counts = {len(cuts) for cuts in by_rank.values()}
+    sizes = {cut.size for cuts in by_rank.values() for cut in cuts}
+    if len(by_rank) < 2 or len(counts) != 1 or counts == {1} or len(sizes) != 1:
+        return None
+    return {rank: replace(cuts[0], more=tuple(c.use for c in cuts[1:])) for rank, cuts in by_rank.items()}
 
 
 def relocated(
@@ -217,7 +251,15 @@ def _range_of(
     cut: _Cut, changed: set[int], value: np.ndarray, subs: Substitutions | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """[start, end) of the cut for every candidate value (Python's slice clamping; a narrow out of
-    bounds is no range at all: start = end = -1)."""
+    bounds is no range at all: start = end = -1). Joined cuts are one range where each piece
+    starts where the one before ends."""
+    if cut.more:
+        pieces = [_range_of(part, changed, value, subs) for part in cut.parts()]
+        start, end = pieces[0]
+        for piece_start, piece_end in pieces[1:]:
+            joins = (piece_start == end) & (piece_end > piece_start) & (end > start)
+            start, end = np.where(joins, start, -1.0), np.where(joins, piece_end, -1.0)
+        return start, end
     assert cut.use.cut is not None
     kind, first, second = cut.use.cut
     memo: dict[int, object] = {}
@@ -263,8 +305,7 @@ def _by_tiling(
     steps: dict[tuple[object, ...], dict[int, list[NumberStep]]] = {}
     subs: Substitutions = {}
     for rank, cut in chosen.items():
-        assert cut.use.cut is not None
-        derivation = {id(s): s for b in cut.use.cut[1:] for s in _steps(b)}
+        derivation = {id(s): s for use in cut.uses if use.cut is not None for b in use.cut[1:] for s in _steps(b)}
         for step in list(derivation.values()):
             plain = plain_operands(step)
             if plain:
@@ -324,13 +365,13 @@ def _only_feeds_this_cut(
     right for that use."""
     for rank, changed in per_rank.items():
         ids = {id(s) for s in changed}
-        expected = _range_now(chosen[rank])
+        expected = {_range_now(part) for part in chosen[rank].parts()}
         for use in rank_numbers[rank].uses:
             if not any(id(s) in ids for _, step in use.roles for s in step.ancestors()):
                 continue
             if use.cut is None or use.dim is None or not -len(use.shape) <= use.dim < len(use.shape):
                 return False
-            if _range_now(_Cut(rank, use, use.shape[use.dim])) != expected:
+            if _range_now(_Cut(rank, use, use.shape[use.dim])) not in expected:
                 return False
     return True
 
@@ -395,6 +436,8 @@ def _by_block_index(chosen: dict[int, _Cut]) -> NumberStep | None:
     and is computed before the cut (the cut turns it into rows; k says which block)."""
     found: NumberStep | None = None
     widths: set[int] = set()
+    if any(cut.more for cut in chosen.values()):
+        return None
     for cut in chosen.values():
         assert cut.use.cut is not None
         _, first, second = cut.use.cut
@@ -433,8 +476,8 @@ def _widest_on_line(step: NumberStep, chosen: dict[int, _Cut]) -> Frame:
     line = line_of(step.frame)
     best = step
     for cut in chosen.values():
-        assert cut.use.cut is not None
-        for bound in cut.use.cut[1:]:
+        bounds = [b for use in cut.uses if use.cut is not None for b in use.cut[1:]]
+        for bound in bounds:
             for s in _steps(bound):
                 on_line = s.frame is not None and line_of(s.frame) == line
                 if on_line and s.order > best.order and step in _iter_ancestors(s):

@@ -8,7 +8,7 @@ from ...results import Discrepancy, Site
 from ..context import Context
 from ..number_origin import moved_to, number_origin
 from ..sites import pick_frame, to_site
-from .masks import mask_interval
+from .masks import mask_interval, output_mask_interval
 
 
 def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | None:
@@ -26,6 +26,8 @@ def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
         start, end = rows
         ids = nodes.get(node.inputs[1])
         kept, offset, mask_node = mask_interval(ctx, nodes, ids, (start, end))
+        if kept is None:  # the lookup's rows zeroed after it, on clamped ids
+            kept, offset, mask_node = output_mask_interval(ctx, rank, node, (start, end))
         if kept is None:
             continue
         problems = []

@@ -25,42 +25,87 @@ def mask_interval(
     offset = None
     if shifted is not None and shifted.op == "scalar" and shifted.attrs.get("fn") == "sub":
         offset = int(shifted.attrs["value"])
+    kept, culprit = _interval(nodes, mask, keeps, rows)
+    return kept, offset, culprit
+
+
+def output_mask_interval(
+    ctx: Context, rank: int, lookup: Node, rows: tuple[int, int] | None = None
+) -> tuple[tuple[int, int] | None, int | None, Node | None]:
+    """For ids shifted and clamped into the rows (`(ids - c).clamp(0, n - 1)`) whose lookup is then
+    zeroed where a mask of the ids says (`out.masked_fill(outside.unsqueeze(-1), 0)`,
+    `where(outside, 0, out)`, `where(inside, out, 0)`): what `mask_interval` reads of masked ids."""
+    nodes = ctx.rank_nodes[rank]
+    offset = _clamped_shift(nodes, nodes.get(lookup.inputs[1]))
+    if offset is None:
+        return None, None, None
+    for consumer_id in ctx.rank_consumers[rank].get(lookup.id, []):
+        consumer = nodes[consumer_id]
+        if consumer.op == "fill" and consumer.inputs[0] == lookup.id:
+            mask, keeps = nodes.get(consumer.inputs[1]), False
+        elif consumer.op == "where" and len(consumer.inputs) == 3 and lookup.id in consumer.inputs[1:]:
+            mask, keeps = nodes.get(consumer.inputs[0]), consumer.inputs[1] == lookup.id
+        else:
+            continue
+        while mask is not None and mask.op == "view" and mask.inputs:  # unsqueezed over the hidden dim
+            mask = nodes.get(mask.inputs[0])
+        kept, culprit = _interval(nodes, mask, keeps, rows)
+        if kept is not None:
+            return kept, offset, culprit
+    return None, offset, None
+
+
+def _clamped_shift(nodes: dict[str, Node], ids: Node | None) -> int | None:
+    """c of `(ids - c)` clamped (a minimum and a maximum by literals, in either order)."""
+    bounded = 0
+    while ids is not None and ids.op == "scalar" and ids.attrs.get("fn") in ("minimum", "maximum", "clamp"):
+        ids, bounded = nodes.get(ids.inputs[0]), bounded + 1
+    if bounded and ids is not None and ids.op == "scalar" and ids.attrs.get("fn") == "sub":
+        return int(ids.attrs["value"])
+    return None
+
+
+def _interval(
+    nodes: dict[str, Node], mask: Node | None, keeps: bool, rows: tuple[int, int] | None
+) -> tuple[tuple[int, int] | None, Node | None]:
+    """The ids a mask of `(ids < a) | (ids >= b)` (or `(ids >= a) & (ids < b)` when it `keeps`,
+    or the negation of either) keeps, and the comparison to change (see mask_interval)."""
     while mask is not None and mask.op == "unary" and mask.attrs.get("fn") in ("logical_not", "bitwise_not"):
         mask, keeps = nodes.get(mask.inputs[0]), not keeps
     combines = {False: "or", True: "and"}[keeps]  # outside = below | above; inside = above & below
     if mask is None or mask.op != "binary" or mask.attrs.get("fn") != combines:
-        return None, offset, None
+        return None, None
     low, high = 0, None
     low_node: Node | None = None
     high_node: Node | None = None
     for value in mask.inputs:
         cmp = nodes.get(value)
         if cmp is None or cmp.op != "scalar":
-            return None, offset, None
+            return None, None
         fn, bound = cmp.attrs.get("fn"), cmp.attrs.get("value")
         if not isinstance(bound, int | float):
-            return None, offset, None
+            return None, None
         bound = int(bound)
         # the first id kept, or the first id past the kept ones, that this comparison states
         sides = {"lt": ("low", bound), "le": ("low", bound + 1), "ge": ("high", bound), "gt": ("high", bound + 1)}
         if keeps:
             sides = {"ge": ("low", bound), "gt": ("low", bound + 1), "lt": ("high", bound), "le": ("high", bound + 1)}
         if fn not in sides:
-            return None, offset, None
+            return None, None
         side, at = sides[fn]
         if side == "low":
             low, low_node = at, cmp
         else:
             high, high_node = at, cmp
     if high is None:
-        return None, offset, None
+        return None, None
     culprit: Node | None = mask
     if rows is not None and (low, high) != rows:
         wrong = [n for n, at, want in ((low_node, low, rows[0]), (high_node, high, rows[1])) if at != want]
         culprit = wrong[0] if len(wrong) == 1 and wrong[0] is not None else mask
     elif rows is None:
         culprit = next((nodes[v] for v in mask.inputs if nodes[v].attrs.get("fn") in ("le", "gt")), mask)
-    return (low, high), offset, culprit
+    return (low, high), culprit
 
 
 def zeroed_outside(ctx: Context, rank: int, pick: Node) -> bool:

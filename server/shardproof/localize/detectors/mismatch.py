@@ -9,7 +9,7 @@ from ...graph.model import Node
 from ...results import Discrepancy, Unsupported
 from ...verify.relations_found import ranges_text
 from ..context import Context
-from ..fused_parts import cut_by_the_user, one_block_of_parts, sharded_parameters
+from ..fused_parts import cut_by_the_user, one_block_of_parts, sharded_parameters, whole_count_on_block
 from ..other_piece import another_piece
 from ..sites import to_site
 from ..wording import describe_op
@@ -49,6 +49,10 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
         # a view shaped by a number the builder computed from this rank's share of a size (a
         # group size set to the local width): the computation is the line to change, not the view
         culprit_site, how = kept, "kept-size"
+    elif proper_shards and (held := whole_count_on_block(ctx, ref_node, aligned, rank, value)) is not None:
+        # the rank's block viewed into the whole value's count of parts (the model's head count
+        # where the block holds its share of the heads): the view is what to change
+        culprit_site, how = ctx.rank_site(aligned, "the view's count of parts"), "view-count"
     elif handover is not None:
         # A proper shard that reached an op needing another layout: it was computed right and
         # passed on unconverted (a missing gather), so the fix is where it was passed on.
@@ -77,7 +81,7 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
         kind = "unrelated-parameter"
     if how == "another-piece":
         kind = "wrong-shard"  # another slice of the right values than this use needs
-    if how in ("handover", "layout", "reduced-blocks"):
+    if how in ("handover", "layout", "reduced-blocks", "view-count"):
         kind = "wrong-layout"
     where = ctx.rank_site(aligned).short() if aligned.site else "?"
     message = (
@@ -109,6 +113,12 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
             "; the all-reduce before it adds the ranks' blocks of a value (different parts of it), "
             "which are not partial sums"
         )
+    if how == "view-count":
+        message = (
+            f"rank {rank} views its block of {ctx.ref_value_name(ref_value)} at {where} into as many parts as the "
+            f"reference makes of the whole value; the block holds {held} of them"
+        )
+        expected = f"the rank's block viewed into its {held} parts, each the size of the reference's"
     if how == "one-block":
         assert one_block is not None
         message = (
@@ -145,6 +155,9 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
             if how == "reduced-blocks"
             else "take the piece the reference takes (see the first location)"
             if how == "another-piece"
+            else "view the block into the parts it holds (the rank's share of the count, each part the size of "
+            "the reference's)"
+            if how == "view-count"
             else "make this rank hold the slice its partners expect (see the first location)"
         ),
         details={"blame": how, "wrong_inputs": [w[0] for w in wrong], "culprit": f"rank{rank}/{value}"},

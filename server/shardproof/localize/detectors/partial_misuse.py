@@ -190,10 +190,21 @@ def _partial_consumed(
         ]
         if s
     ]
+    primary = producer_site or ctx.rank_site(consumer)
+    unused = _unused_reduction(ctx, rank, rel.kind)
+    unused_site = ctx.rank_site(unused, "this reduction's result is never used") if unused is not None else None
+    if unused is not None and unused_site is not None:
+        # The rank does reduce, but a value whose reduced result nothing reads (an in-place
+        # all-reduce of another tensor, or of this one after it was used): that call is the one to
+        # change, to reduce the partial value instead.
+        unused_where = f"the {describe_op(unused)} at {unused_site.short()}"
+        message = f"{unused_where} reduces a value nothing reads afterwards; {message}"
+        related = [s for s in [producer_site, *related] if s]
+        primary = unused_site
     return Discrepancy(
         kind=kind,
         message=message,
-        primary=producer_site or ctx.rank_site(consumer),
+        primary=primary,
         reference=reference_site,
         related=related,
         reference_node=ref_node.id,
@@ -206,11 +217,29 @@ def _partial_consumed(
             else "all-reduce the partial sums (sum over the tensor-parallel group) before using them"
         ),
         details={
-            **ctx._fix("wrap", "Insert the missing all-reduce"),
+            # the quick fix wraps the primary's expression: not a misplaced reduction's call
+            **(ctx._fix("wrap", "Insert the missing all-reduce") if primary is not unused_site else {}),
             "holdings": ctx._holdings(ref_value),
             "culprit": f"rank{rank}/{partial_value}",
         },
     )
+
+
+def _unused_reduction(ctx: Context, rank: int, kind: str) -> Node | None:
+    """A reduction of the rank (sum, or max for a partial max) whose result no operation reads and
+    the program does not return: communication without effect, the last such in program order."""
+    wanted = "max" if kind == "pmax" else "sum"
+    outputs = set(ctx.ev.ranks[rank].outputs)
+    unused = [
+        node
+        for node in ctx.ev.ranks[rank].nodes
+        if node.op in ("all_reduce", "reduce_scatter")
+        and node.collective is not None
+        and (node.collective.reduce_op or "sum") == wanted
+        and not ctx.rank_consumers[rank].get(node.id)
+        and node.id not in outputs
+    ]
+    return unused[-1] if unused else None
 
 
 # operations that start a new partial computation: an all-reduce past one reduces that, not this

@@ -166,6 +166,21 @@ def vocab_mask_bounds(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return MegatronVocabEmbedding(ref, rank, world_size)
 
 
+class ClampedVocabEmbedding(MegatronVocabEmbedding):
+    """The ids shifted and clamped into the rank's rows, looked up, and the rows of ids outside
+    them zeroed after the lookup (the mask's upper comparison written with `>`)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        outside = (ids < self.start) | (ids > self.end)
+        local = (ids - self.start).clamp(0, self.weight.shape[0] - 1)
+        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return all_reduce_sum(out)
+
+
+def clamped_vocab_mask_bound(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ClampedVocabEmbedding(ref, rank, world_size)
+
+
 class ColumnParallelSoftmax(nn.Module):
     """A column-parallel LM head (vocabulary rows) whose output feeds a replicated softmax."""
 

@@ -141,3 +141,18 @@ class SequenceParallelMLP(nn.Module):
 
 def reduce_scatter_max(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return SequenceParallelMLP(ref, rank, world_size)
+
+
+class ReducesItsInput(RowParallelMLP):
+    """The all-reduce written on the row-parallel layer's input (already used) instead of its
+    output, as a DeepSpeed-style LinearAllreduce written out by hand."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = F.gelu(F.linear(x, self.up_w, self.up_b))
+        out = torch.matmul(hidden, self.down_w.t())
+        dist.all_reduce(hidden)
+        return out + self.down_b
+
+
+def all_reduce_of_the_input(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ReducesItsInput(ref, rank, world_size)

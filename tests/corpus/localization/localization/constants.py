@@ -107,6 +107,29 @@ def scale_from_local_heads(ref: nn.Module, rank: int, world_size: int) -> nn.Mod
     return ScaledMHA(ref, rank, world_size)
 
 
+class ModelCountHeads(ScaledMHA):
+    """The same attention with its scale right, splitting each projection into heads by a helper
+    given the model's head count (gpt-fast's `view(b, s, n_head, head_dim)` with `n_head` the
+    configuration's, where the rank holds `n_local_heads`)."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__(ref, rank, world_size)
+        self.n_head = HEADS
+        self.scale = HEAD_DIM**-0.5
+
+    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        b, s, _ = t.shape
+        return t.view(b, s, self.n_head, -1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self.split_heads(t) for t in F.linear(x, self.qkv_w, self.qkv_b).chunk(3, dim=-1))
+        return all_reduce_sum(F.linear(_attention(q, k, v, self.scale), self.proj_w)) + self.proj_b
+
+
+def heads_viewed_with_model_count(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return ModelCountHeads(ref, rank, world_size)
+
+
 class ShardedWidthRMSNorm(nn.Module):
     """A column-parallel projection normalized over its full (sharded) width: the sum of squares
     all-reduced, divided by the width, each rank scaling its block; the blocks gathered."""

@@ -12,6 +12,7 @@ from .models import EXPERTS, FFN, HEAD_DIM, HEADS, KV_HEADS, ODD_FFN, ODD_VOCAB,
 from .sharding import (
     column_block,
     expert_offset,
+    heads_of_rank,
     in_vocab_shard,
     kv_head_for_rank,
     local_expert_count,
@@ -41,6 +42,30 @@ class ReplicatedKVAttention(nn.Module):
 
 def kv_head_modulo(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return ReplicatedKVAttention(ref, rank, world_size)
+
+
+class HeadByHeadAttention(nn.Module):
+    """The rank's query heads (and the output projection's columns for them) picked one head at a
+    time by index and concatenated; its key and value heads a contiguous block."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        heads = heads_of_rank(rank, world_size, HEADS)
+        rows = [ref.q_proj.weight[h * HEAD_DIM : (h + 1) * HEAD_DIM] for h in heads]
+        columns = [ref.o_proj.weight[:, h * HEAD_DIM : (h + 1) * HEAD_DIM] for h in heads]
+        self.q = nn.Parameter(torch.cat(rows).clone())
+        self.o = nn.Parameter(torch.cat(columns, dim=1).clone())
+        self.k = nn.Parameter(ref.k_proj.weight.chunk(world_size)[rank].clone())
+        self.v = nn.Parameter(ref.v_proj.weight.chunk(world_size)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (F.linear(x, w).view(b, s, -1, HEAD_DIM) for w in (self.q, self.k, self.v))
+        return all_reduce_sum(F.linear(causal_attention(q, k, v), self.o))
+
+
+def heads_listed_one_ahead(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return HeadByHeadAttention(ref, rank, world_size)
 
 
 class RangeEmbedding(nn.Module):

@@ -48,3 +48,10 @@ def expert_offset(num_experts: int, ep_rank: int, ep_size: int) -> int:
 def column_block(total: int, world_size: int) -> int:
     """Columns per rank for a split that must cover every column (the last rank may hold fewer)."""
     return total // world_size
+
+
+def heads_of_rank(rank: int, world_size: int, heads: int) -> list[int]:
+    """The attention heads `rank` holds, listed one by one (a loader that picks heads by index)."""
+    per_rank = heads // world_size
+    first = rank * per_rank + 1
+    return [(first + i) % heads for i in range(per_rank)]
