@@ -49,6 +49,11 @@ def _(like: torch.Tensor, peer: int) -> torch.Tensor:
     return torch.empty_like(like)
 
 
+# A receive whose value the rank never reads still takes part in the exchange (its sender's call
+# is matched with it): tracing must not drop it as dead code.
+torch.fx.node.has_side_effect(torch.ops.shardproof.p2p_recv.default)
+
+
 _SENT: list[torch.Tensor] = []  # tokens of the sends of the module being traced
 
 
