@@ -209,3 +209,31 @@ def test_two_ranks_that_both_send_first_with_blocking_calls_hang(tmp_path: Path,
     assert outcome.verdict == "discrepancy"
     finding = outcome.discrepancies[0]
     assert finding.kind == "collective-mismatch" and "both send" in finding.message and "hang" in finding.message
+
+
+def test_two_ranks_that_both_send_first_without_blocking_pair_up(tmp_path: Path, sandbox) -> None:
+    # isend then irecv on both ranks: neither call waits, so the k-th value each rank sends is the
+    # k-th the other receives (matched per direction, not in each rank's order of calls)
+    nonblocking = (
+        "works = [dist.isend(mine, dst=peer), dist.irecv(theirs, src=peer)]\n"
+        "        for work in works:\n"
+        "            work.wait()"
+    )
+    project = load_project(_exchange_project(tmp_path, nonblocking))
+    (outcome,) = verify_check(project.checks[0], project, [2], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "verified", outcome.summary
+    assert not compare_numerically(project.checks[0], project, 2).differs
+
+
+def test_a_blocking_receive_first_on_one_rank_pairs_with_the_others_send(tmp_path: Path, sandbox) -> None:
+    ordered = (
+        "if self.rank == 0:\n"
+        "            dist.send(mine, dst=peer)\n"
+        "            dist.recv(theirs, src=peer)\n"
+        "        else:\n"
+        "            dist.recv(theirs, src=peer)\n"
+        "            dist.send(mine, dst=peer)"
+    )
+    project = load_project(_exchange_project(tmp_path, ordered))
+    (outcome,) = verify_check(project.checks[0], project, [2], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "verified", outcome.summary

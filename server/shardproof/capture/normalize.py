@@ -572,17 +572,18 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
 
     def op_p2p_send(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         """A send to `peer`: one side of a point-to-point call whose source is this rank."""
-        return self._p2p(fx, self.value(args[0]), int(args[1]), sending=True, meta=meta)
+        return self._p2p(fx, self.value(args[0]), int(args[1]), sending=True, blocking=bool(args[2]), meta=meta)
 
     def op_p2p_recv(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
         """A receive from `peer`: the value that rank sends."""
-        return self._p2p(fx, self.value(args[0]), int(args[1]), sending=False, meta=meta)
+        return self._p2p(fx, self.value(args[0]), int(args[1]), sending=False, blocking=bool(args[2]), meta=meta)
 
-    def _p2p(self, fx: torch.fx.Node, source: str, peer: int, sending: bool, meta: TensorMeta) -> bool:
+    def _p2p(self, fx: torch.fx.Node, source: str, peer: int, sending: bool, blocking: bool, meta: TensorMeta) -> bool:
         rank = self.graph.rank if self.graph.rank is not None else 0
         pair = tuple(sorted((rank, peer)))
         coll = Collective("p2p", None, pair, src=rank if sending else peer)
-        node_id = self.add(fx, "p2p", [source], {"peer": peer, "send": sending}, meta, collective=coll)
+        attrs = {"peer": peer, "send": sending, "blocking": blocking}
+        node_id = self.add(fx, "p2p", [source], attrs, meta, collective=coll)
         if sending:
             self.sends.add(node_id)
         return True

@@ -28,24 +28,25 @@ from ..errors import CollectiveMisuse
 
 
 @torch.library.custom_op("shardproof::p2p_send", mutates_args=())
-def p2p_send(tensor: torch.Tensor, peer: int) -> torch.Tensor:
-    """Send `tensor` to global rank `peer`; the result is a token standing for the send."""
+def p2p_send(tensor: torch.Tensor, peer: int, blocking: bool) -> torch.Tensor:
+    """Send `tensor` to global rank `peer` (`blocking`: `send`, which returns once the peer has
+    posted its receive; else `isend`); the result is a token standing for the send."""
     return tensor.clone()
 
 
 @p2p_send.register_fake
-def _(tensor: torch.Tensor, peer: int) -> torch.Tensor:
+def _(tensor: torch.Tensor, peer: int, blocking: bool) -> torch.Tensor:
     return torch.empty_like(tensor)
 
 
 @torch.library.custom_op("shardproof::p2p_recv", mutates_args=())
-def p2p_recv(like: torch.Tensor, peer: int) -> torch.Tensor:
-    """Receive a tensor shaped like `like` from global rank `peer`."""
+def p2p_recv(like: torch.Tensor, peer: int, blocking: bool) -> torch.Tensor:
+    """Receive a tensor shaped like `like` from global rank `peer` (`blocking`: `recv`)."""
     return torch.empty_like(like)
 
 
 @p2p_recv.register_fake
-def _(like: torch.Tensor, peer: int) -> torch.Tensor:
+def _(like: torch.Tensor, peer: int, blocking: bool) -> torch.Tensor:
     return torch.empty_like(like)
 
 
@@ -174,28 +175,37 @@ def point_to_point(
     send: Callable[[torch.Tensor, int], None], recv: Callable[[torch.Tensor, int], None], sends_first: bool
 ) -> Iterator[None]:
     """While the block runs, torch.distributed's send, recv, isend, irecv and batch_isend_irecv
-    are `send(tensor, peer)` and `recv(tensor, peer)` (peer: a global rank), synchronous. A batch
+    are `send(tensor, peer, blocking)` and `recv(tensor, peer, blocking)` (peer: a global rank;
+    blocking for send and recv, not for the others), synchronous. A batch
     runs in list order, or its sends first with `sends_first` (a receive that blocks must not
     wait on a send of its own batch)."""
 
     originals = {name: getattr(c10d, name) for name in ("send", "recv", "isend", "irecv", "batch_isend_irecv")}
 
-    def send_call(
-        tensor: torch.Tensor, dst: Any = None, group: Any = None, tag: int = 0, group_dst: Any = None
+    def sending(
+        tensor: torch.Tensor, dst: Any = None, group: Any = None, tag: int = 0, group_dst: Any = None, *, wait: bool
     ) -> None:
-        send(tensor, _peer(group, dst, group_dst))
+        send(tensor, _peer(group, dst, group_dst), wait)
 
-    def recv_call(tensor: torch.Tensor, src: Any = None, group: Any = None, tag: int = 0, group_src: Any = None) -> int:
+    def receiving(
+        tensor: torch.Tensor, src: Any = None, group: Any = None, tag: int = 0, group_src: Any = None, *, wait: bool
+    ) -> int:
         peer = _peer(group, src, group_src)
-        recv(tensor, peer)
+        recv(tensor, peer, wait)
         return peer
 
+    def send_call(*args: Any, **kwargs: Any) -> None:
+        sending(*args, **kwargs, wait=True)
+
+    def recv_call(*args: Any, **kwargs: Any) -> int:
+        return receiving(*args, **kwargs, wait=True)
+
     def isend(*args: Any, **kwargs: Any) -> _CompletedWork:
-        send_call(*args, **kwargs)
+        sending(*args, **kwargs, wait=False)
         return _CompletedWork()
 
     def irecv(*args: Any, **kwargs: Any) -> _CompletedWork:
-        recv_call(*args, **kwargs)
+        receiving(*args, **kwargs, wait=False)
         return _CompletedWork()
 
     def is_send(op: Any) -> bool:
@@ -253,11 +263,11 @@ def sends_as_outputs(module: torch.nn.Module) -> Iterator[None]:
         _SENT.clear()
         return (output, *tokens)
 
-    def send(tensor: torch.Tensor, peer: int) -> None:
-        _SENT.append(p2p_send(tensor, peer))
+    def send(tensor: torch.Tensor, peer: int, blocking: bool) -> None:
+        _SENT.append(p2p_send(tensor, peer, blocking))
 
-    def recv(tensor: torch.Tensor, peer: int) -> None:
-        tensor.copy_(p2p_recv(tensor, peer))
+    def recv(tensor: torch.Tensor, peer: int, blocking: bool) -> None:
+        tensor.copy_(p2p_recv(tensor, peer, blocking))
 
     _SENT.clear()
     handle = module.register_forward_hook(add_tokens)

@@ -14,6 +14,7 @@ by one loop) is cut wrong, so none of their cuts makes its line innocent."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..graph.model import Node
@@ -72,7 +73,12 @@ def whole_count_on_block(ctx: Context, ref_node: Node, aligned: Node, rank: int,
         local = tuple(ctx.ev.ranks[rank].meta_of(value).shape)
     except KeyError:
         return None
-    if _leading_factor(local, tuple(aligned.attrs.get("shape", ()))) != (dim, count):
+    viewed = tuple(aligned.attrs.get("shape", ()))
+    # the rank's view keeps the dims before `dim` and starts it with `count` parts (of one element
+    # each, when its block holds as many elements as the reference has parts)
+    if len(viewed) <= dim or viewed[:dim] != local[:dim] or viewed[dim] != count:
+        return None
+    if math.prod(viewed[dim:]) != math.prod(local[dim:]):
         return None
     part = shape[dim] // count
     for rel in ctx.relations_between(fused, rank, value):

@@ -26,6 +26,7 @@ class CollectiveIssue:
     index: int
     message: str
     nodes: list[tuple[str, str]]  # (graph name, node id)
+    channel: int | None = None  # point-to-point calls: the sending rank (calls are matched per direction)
 
 
 class CollectiveLowering:
@@ -234,8 +235,10 @@ class CollectiveLowering:
 
 
 def _mismatch(
-    group: tuple[int, ...], index: int, calls: dict[int, Node], graphs: dict[int, Graph]
+    group: tuple[int, ...], index: int, calls: dict[int, Node], graphs: dict[int, Graph], channel: int | None = None
 ) -> CollectiveIssue | None:
+    if channel is not None:
+        return _unpaired(group, index, calls, graphs, channel)
     members = [r for r in group if r in graphs]
     missing = [r for r in members if r not in calls]
     nodes = [(graphs[r].name, n.id) for r, n in calls.items()]
@@ -267,18 +270,7 @@ def _mismatch(
         )
     shapes = {graphs[r].meta_of(n.inputs[0]).shape for r, n in calls.items()}
     kind = next(iter(kinds))[0]
-    if kind == "p2p":
-        sources = {n.collective.src for n in calls.values() if n.collective}
-        if len(sources) > 1:
-            both = "send" if all(n.attrs.get("send") for n in calls.values()) else "receive"
-            return CollectiveIssue(
-                group,
-                index,
-                f"ranks {list(group)} both {both} as their point-to-point call {index + 1} with each other "
-                "(nothing is received or sent: a hang)",
-                nodes,
-            )
-    if len(shapes) > 1 and kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p"):
+    if len(shapes) > 1 and kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
         return CollectiveIssue(
             group,
             index,
@@ -289,6 +281,126 @@ def _mismatch(
     return None
 
 
+def _unpaired(
+    group: tuple[int, ...], index: int, calls: dict[int, Node], graphs: dict[int, Graph], sender: int
+) -> CollectiveIssue | None:
+    """The `index`-th value `sender` sends its peer, when the two ranks do not both make the call
+    or move values of other shapes."""
+    (receiver,) = [r for r in group if r != sender] or [sender]
+    nodes = [(graphs[r].name, n.id) for r, n in calls.items()]
+    if receiver not in graphs:
+        return CollectiveIssue(
+            group,
+            index,
+            f"rank {sender} sends to rank {receiver}, which does not exist in a world of {len(graphs)}",
+            nodes,
+            sender,
+        )
+    if sender not in calls or receiver not in calls:
+        count = index + 1
+        message = (
+            f"rank {receiver} receives value {count} from rank {sender}, which sends fewer (a hang)"
+            if sender not in calls
+            else f"rank {sender} sends value {count} to rank {receiver}, which receives fewer (a hang or a lost value)"
+        )
+        return CollectiveIssue(group, index, message, nodes, sender)
+    shapes = {graphs[r].meta_of(n.inputs[0]).shape for r, n in calls.items()}
+    if len(shapes) > 1:
+        return CollectiveIssue(
+            group,
+            index,
+            f"value {index + 1} rank {sender} sends to rank {receiver} has another shape than the one it receives: "
+            f"{sorted(shapes)}",
+            nodes,
+            sender,
+        )
+    return None
+
+
+def blocking_hangs(graphs: list[Graph]) -> list[CollectiveIssue]:
+    """Pairs of ranks whose blocking point-to-point calls wait for each other. A blocking call
+    (`send`, `recv`) returns once the peer has posted the matching call (the same direction's
+    next value); a non-blocking one (`isend`, `irecv`, a batch) never waits. Played out in each
+    rank's order: when neither rank can go on while a match is still to come, the run hangs
+    (two ranks that both `send` first hang on gloo, whatever the size)."""
+    by_rank = {g.rank: g for g in graphs}
+    pairs: dict[tuple[int, ...], dict[int, list[Node]]] = {}
+    for graph in graphs:
+        for node in graph.nodes:
+            if node.collective is not None and node.collective.kind == "p2p":
+                pairs.setdefault(node.collective.group, {}).setdefault(graph.rank, []).append(node)  # type: ignore[arg-type]
+    issues = []
+    for pair, calls in sorted(pairs.items()):
+        if len(calls) != 2 or not any(n.attrs.get("blocking") for nodes in calls.values() for n in nodes):
+            continue
+        keys = {rank: _channel_keys(nodes) for rank, nodes in calls.items()}
+        stuck = _played_out(calls, keys)
+        if stuck is None:
+            continue
+        (a, i), (b, j) = sorted(stuck.items())
+        first, second = calls[a][i], calls[b][j]
+        if all(keys[r][k] in keys[other] for (r, k), other in (((a, i), b), ((b, j), a))):
+            issues.append(
+                CollectiveIssue(
+                    pair,
+                    i,
+                    _hang_message(a, first, b, second),
+                    [(by_rank[a].name, first.id), (by_rank[b].name, second.id)],
+                )
+            )
+    return issues
+
+
+def _channel_keys(nodes: list[Node]) -> list[tuple[int, int]]:
+    """Each call's (sending rank, how many values that rank sent before) in this pair."""
+    seen: dict[int, int] = {}
+    keys = []
+    for node in nodes:
+        src = node.collective.src if node.collective is not None else None
+        assert src is not None
+        keys.append((src, seen.get(src, 0)))
+        seen[src] = seen.get(src, 0) + 1
+    return keys
+
+
+def _played_out(calls: dict[int, list[Node]], keys: dict[int, list[tuple[int, int]]]) -> dict[int, int] | None:
+    """Where each rank waits when neither can go on (None: both finish)."""
+    position = dict.fromkeys(calls, 0)
+    posted: dict[int, set[tuple[int, int]]] = {rank: set() for rank in calls}
+    while True:
+        moved = False
+        for rank, nodes in calls.items():
+            other = next(r for r in calls if r != rank)
+            while position[rank] < len(nodes):
+                key = keys[rank][position[rank]]
+                posted[rank].add(key)
+                if nodes[position[rank]].attrs.get("blocking") and key not in posted[other]:
+                    break
+                position[rank] += 1
+                moved = True
+        waiting = {r: p for r, p in position.items() if p < len(calls[r])}
+        if not waiting:
+            return None
+        if not moved:
+            # one rank left waiting: its partner's call never comes (an unpaired call, reported
+            # as such by the matching); both waiting: each for the other
+            return waiting if len(waiting) == 2 else None
+
+
+def _hang_message(a: int, first: Node, b: int, second: Node) -> str:
+    verbs = {True: "send", False: "receive"}
+    doing = (verbs[bool(first.attrs.get("send"))], verbs[bool(second.attrs.get("send"))])
+    if doing[0] == doing[1]:
+        return (
+            f"ranks [{a}, {b}] both {doing[0]} to each other first with blocking calls, each waiting for the other's "
+            "matching call (a hang)"
+        )
+    return (
+        f"rank {a} blocks in a {doing[0]} and rank {b} in a {doing[1]}, each before the call the other waits for "
+        "(a hang)"
+    )
+
+
 def encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
     """Encode rank graphs in an order that respects collectives.
 
@@ -296,6 +408,7 @@ def encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
     encoded up to its next collective, the collectives whose inputs are all present are lowered,
     and the walk repeats. Calls that can never be matched become unrelated leaves.
     """
+    encoder.issues.extend(blocking_hangs(graphs))
     positions = {g.name: 0 for g in graphs}
     lowered: dict[tuple[str, str], str] = {}
     while True:
@@ -328,27 +441,34 @@ def encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
 def _lower_ready(encoder: Encoder, graphs: list[Graph], exclude: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """Lower every matched collective call whose inputs are encoded on all its ranks."""
     by_rank = {g.rank: g for g in graphs}
-    sequences: dict[tuple[tuple[int, ...], int], list[Node]] = {}
+    # Each group's calls are matched in order; point-to-point calls in order per direction (the
+    # k-th value one rank sends another is the k-th it receives from it, however the two ranks
+    # interleave their sends and receives: non-blocking calls in either order pair up).
+    sequences: dict[tuple[tuple[int, ...], int | None, int], list[Node]] = {}
     for graph in graphs:
         for node in graph.nodes:
-            if node.collective is not None:
-                sequences.setdefault((node.collective.group, graph.rank), []).append(node)  # type: ignore[arg-type]
+            coll = node.collective
+            if coll is not None:
+                channel = coll.src if coll.kind == "p2p" else None
+                sequences.setdefault((coll.group, channel, graph.rank), []).append(node)  # type: ignore[arg-type]
     result: dict[tuple[str, str], str] = {}
-    reported = {(i.group, i.index) for i in encoder.issues}
-    for group in sorted({g for g, _ in sequences}):
+    reported = {(i.group, i.channel, i.index) for i in encoder.issues}
+    for group, channel in sorted({(g, c) for g, c, _ in sequences}, key=lambda gc: (gc[0], gc[1] is not None, gc[1])):
         members = [r for r in group if r in by_rank]
-        lengths = {r: len(sequences.get((group, r), [])) for r in members}
+        lengths = {r: len(sequences.get((group, channel, r), [])) for r in members}
         for k in range(max(lengths.values(), default=0)):
-            calls = {r: sequences[(group, r)][k] for r in members if k < lengths[r]}
+            calls = {r: sequences[(group, channel, r)][k] for r in members if k < lengths[r]}
             if all((by_rank[r].name, n.id) in exclude for r, n in calls.items()):
                 continue
-            if not all((by_rank[r].name, n.inputs[0]) in encoder.term_of for r, n in calls.items()):
+            # a receive's input is only its buffer: the sender's value is what it needs
+            needed = {r: n for r, n in calls.items() if channel is None or r == channel}
+            if not all((by_rank[r].name, n.inputs[0]) in encoder.term_of for r, n in needed.items()):
                 break
-            issue = _mismatch(group, k, calls, by_rank)
+            issue = _mismatch(group, k, calls, by_rank, channel)
             if issue is not None:
-                if (group, k) not in reported:
+                if (group, channel, k) not in reported:
                     encoder.issues.append(issue)
-                    reported.add((group, k))
+                    reported.add((group, channel, k))
                 for r, n in calls.items():
                     result[(by_rank[r].name, n.id)] = f"(Leaf {_q(by_rank[r].name + '/' + n.id)})"
                 continue

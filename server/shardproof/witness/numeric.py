@@ -169,10 +169,10 @@ def _point_to_point(world_size: int) -> Iterator[None]:
 
     boxes = {(a, b): queue.Queue() for a in range(world_size) for b in range(world_size)}
 
-    def send(tensor: torch.Tensor, peer: int) -> None:
+    def send(tensor: torch.Tensor, peer: int, blocking: bool) -> None:
         boxes[(dist.get_rank(), peer)].put(tensor.detach().clone())
 
-    def recv(tensor: torch.Tensor, peer: int) -> None:
+    def recv(tensor: torch.Tensor, peer: int, blocking: bool) -> None:
         tensor.copy_(boxes[(peer, dist.get_rank())].get(timeout=RUN_TIMEOUT_SECONDS))
 
     with point_to_point(send, recv, sends_first=True):
