@@ -47,6 +47,7 @@ def _mutant(name: str, old: str, new: str) -> Rule:
 # Wrong versions of real rules: each must be caught, as unsound or as a side condition that no
 # longer rejects its near miss.
 MUTANTS = [
+    ("slice-of-binary", " (= n (sz y d))", ""),  # an operand broadcast along the sliced dim
     ("column-parallel-linear", "((sel Y y -1 R))", "((sel Y y -2 R))"),  # the wrong output dim
     ("range-shift-cons", "(+ e k)", "(+ e 1)"),  # shifts one end only
     ("slice-of-concat-second", "(- s na) (- e na)", "(- s na) (- e (- na 1))"),  # off by one

@@ -77,3 +77,21 @@ def _broadcast_operand(g: Gen, near: bool) -> dict[str, Any]:
 
 instance_and_near_miss("binary-of-slice-and-broadcast", _broadcast_operand)
 instance_and_near_miss("binary-of-broadcast-and-slice", _broadcast_operand)
+
+
+def _binary_sliced(g: Gen, near: bool) -> dict[str, Any]:
+    """A slice along d of f(x, y), y over x's dims from d on (a bias, or a value of x's shape);
+    the near miss gives y one row along d (it broadcasts), sliced past that row."""
+    bindings = _sliced(g)
+    x, d = bindings["x"], bindings["d"]
+    f = g.pick(_FLOAT_BINARY)
+    if not near:
+        trailing = x.shape[d:] if g.pick((True, False)) else x.shape
+        return bindings | {"y": g.tensor(*trailing), "f": f}
+    x = g.tensor(*[max(n, 3) for n in x.shape])
+    a = g.int(1, x.shape[d] - 1)
+    y = g.tensor(1, *x.shape[d + 1 :]) if d < -1 else g.tensor(1)
+    return {"x": x, "d": d, "a": a, "b": x.shape[d], "y": y, "f": f}
+
+
+instance_and_near_miss("slice-of-binary", _binary_sliced)

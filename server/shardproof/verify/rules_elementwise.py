@@ -295,6 +295,14 @@ _rule(
     ":when ((= k (nd c)) (= n (nd x)) (< k (- 0 d)) (<= k n)))",
 )
 _rule(
+    "slice-of-binary",
+    "elementwise",
+    "f(x, y)[a:b] = f(x[a:b], y[a:b]) along a dim both operands have whole (neither broadcasts along it: a "
+    "fused projection's output plus its fused bias, split into q, k and v); stated at slices a program computes",
+    "(rule ((= s (Slice (Bin f x y) d a b)) (node s v) (= n (sz x d)) (= n (sz y d))) "
+    "((union s (Bin f (Slice x d a b) (Slice y d a b)))))",
+)
+_rule(
     "binary-of-broadcast-and-slice",
     "elementwise",
     "f(c, x[a:b]) = f(c, x)[a:b] when c has no dim d (it broadcasts along it)",
