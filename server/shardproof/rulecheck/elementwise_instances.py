@@ -124,6 +124,20 @@ def _(g: Gen) -> dict[str, Any]:
     return {"a": a, "b": b} if g.int(0, 1) else {"a": b, "b": a}
 
 
+@instance("reversed-difference-is-negated")
+def _(g: Gen) -> dict[str, Any]:
+    """a and b of one shape, or either broadcast to the other's."""
+    shape = _shape(g, g.int(1, 3))
+    small = g.pick([shape, shape[-1:], [*shape[:-1], 1]])
+    a, b = g.tensor(*shape), g.tensor(*small)
+    return {"a": a, "b": b} if g.int(0, 1) else {"a": b, "b": a}
+
+
+@instance("square-is-self-product")
+def _(g: Gen) -> dict[str, Any]:
+    return {"x": g.tensor(*_shape(g, g.int(1, 3)))}
+
+
 @instance("division-by-root-is-reciprocal-root")
 def _(g: Gen) -> dict[str, Any]:
     """a and a positive v of one shape, or v broadcast (a norm's per-row mean of squares)."""

@@ -36,6 +36,18 @@ for _term in ("Sc", "ScI"):
             a, b = g.tensor(*batch, m, k), g.tensor(*batch, k, n)
             return {"A": a, "B": b, "f": g.pick(ops), "c": _factor(g, integer)}
 
+        @_register(f"scaled-negation-is-negated-scaling-{_kind}")
+        def _(g: Gen, integer: bool = _integer, ops: tuple[str, ...] = _ops) -> dict[str, Any]:
+            return {"z": g.tensor(*_shape(g, g.int(1, 3))), "f": g.pick(ops), "c": _factor(g, integer)}
+
+        @_register(f"product-with-scaled-factor-{_kind}", f"product-with-scaled-second-factor-{_kind}")
+        def _(g: Gen, integer: bool = _integer, ops: tuple[str, ...] = _ops) -> dict[str, Any]:
+            shape = _shape(g, g.int(1, 3))
+            small = g.pick([shape, shape[-1:], [*shape[:-1], 1]])
+            a, b = g.tensor(*shape), g.tensor(*small)
+            a, b = (a, b) if g.int(0, 1) else (b, a)
+            return {"a": a, "b": b, "f": g.pick(ops), "c": _factor(g, integer)}
+
         @_register(f"scaled-input-of-linear-{_kind}", f"scaled-weight-of-linear-{_kind}")
         def _(g: Gen, integer: bool = _integer, ops: tuple[str, ...] = _ops) -> dict[str, Any]:
             k = g.int(2, 5)

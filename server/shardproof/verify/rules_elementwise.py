@@ -74,6 +74,19 @@ _rule(
     '(rule ((= y (Bin "add" a n)) (= n (Un "neg" b))) ((union y (Bin "sub" a b))))',
 )
 _rule(
+    "reversed-difference-is-negated",
+    "elementwise",
+    "a - b = -(b - a), broadcasting alike (a smoothing term written `- eps * (c - b)` where the reference "
+    "adds `eps * (b - c)`); stated at differences a program computes",
+    '(rule ((= y (Bin "sub" a b)) (node y v)) ((union y (Un "neg" (Bin "sub" b a)))))',
+)
+_rule(
+    "square-is-self-product",
+    "elementwise",
+    "square(x) = x * x (`lse.square()` where another program writes `lse * lse`)",
+    '(rule ((= y (Un "square" x))) ((union y (Bin "mul" x x))))',
+)
+_rule(
     "division-by-root-is-reciprocal-root",
     "elementwise",
     "a / sqrt(v) = a * rsqrt(v)",

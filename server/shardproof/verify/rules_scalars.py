@@ -24,6 +24,28 @@ _rule = registrar(SCALAR_RULES)
 for _term in ("Sc", "ScI"):
     _kind = "float" if _term == "Sc" else "integer"
     _rule(
+        f"scaled-negation-is-negated-scaling-{_kind}",
+        "normalization",
+        "(-z) * c = -(z * c), and so for a division by c: a scaling is linear (a smoothing term `eps * (c - b)` "
+        "subtracted where another program adds `eps * (b - c)`)",
+        f'(rule ((= y ({_term} f n c)) (= n (Un "neg" z)) (scaling f)) ((union y (Un "neg" ({_term} f z c)))))',
+    )
+    _rule(
+        f"product-with-scaled-factor-{_kind}",
+        "normalization",
+        "(a * c) * b = (a * b) * c and a * (b * c) = (a * b) * c, for a scaling by a literal c (`coef * lse * lse` "
+        "where another program writes `coef * lse.square()`); stated at products a program computes",
+        f'(rule ((= y (Bin "mul" s b)) (= s ({_term} f a c)) (scaling f) (node y v)) '
+        f'((union y ({_term} f (Bin "mul" a b) c))))',
+    )
+    _rule(
+        f"product-with-scaled-second-factor-{_kind}",
+        "normalization",
+        "a * (b * c) = (a * b) * c for a scaling by a literal c; stated at products a program computes",
+        f'(rule ((= y (Bin "mul" a s)) (= s ({_term} f b c)) (scaling f) (node y v)) '
+        f'((union y ({_term} f (Bin "mul" a b) c))))',
+    )
+    _rule(
         f"scaled-left-operand-of-matmul-{_kind}",
         "normalization",
         "(A * c) @ B = (A @ B) * c: a matrix product is linear in its left operand (queries scaled before the scores)",
