@@ -37,7 +37,7 @@ _DROPPING_A_DIM = ("aten::select", "aten::squeeze", "aten::unbind")
 # the attributes of each position-wise op this pass twins; a node with any other attribute
 # (a folded constant, a mask's facts) is left as it is
 _ATTRIBUTES: dict[str, set[str]] = {
-    "unary": {"fn"},
+    "unary": {"fn", "approximate"},  # (gelu's approximation is a parameter of its function)
     "scalar": {"fn", "value"},
     "binary": {"fn"},
     "fill": {"value"},

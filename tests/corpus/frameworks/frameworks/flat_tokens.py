@@ -105,3 +105,26 @@ def token_entropy() -> TokenEntropy:
 
 def vocab_parallel_entropy(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return VocabParallelEntropy(ref, rank, world_size)
+
+
+class FlatTokensMLP(nn.Module):
+    """vLLM's layers on tokens flattened to [tokens, hidden]: a column-parallel up projection with
+    its bias, GELU, a row-parallel down projection all-reduced, its bias after; the output viewed
+    back to the batch's shape."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.up_weight = nn.Parameter(ref.up.weight.chunk(world_size, dim=0)[rank].clone())
+        self.up_bias = nn.Parameter(ref.up.bias.chunk(world_size, dim=0)[rank].clone())
+        self.down_weight = nn.Parameter(ref.down.weight.chunk(world_size, dim=1)[rank].clone())
+        self.down_bias = nn.Parameter(ref.down.bias.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        out = F.linear(F.gelu(F.linear(tokens, self.up_weight, self.up_bias)), self.down_weight)
+        dist.all_reduce(out)
+        return (out + self.down_bias).view(x.shape)
+
+
+def flat_tokens_mlp(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return FlatTokensMLP(ref, rank, world_size)
