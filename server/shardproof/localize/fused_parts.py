@@ -101,8 +101,11 @@ def _split(ctx: Context, ref_node: Node, shape: tuple[int, ...]) -> tuple[int, l
         parts = _slices_along(ctx.reference.nodes, ref_node.inputs[0], dim, len(shape))
         return (dim, parts) if len(parts) >= 2 and blocked_tiling(parts, shape[dim]) else None
     if ref_node.op == "view":
-        factored = _leading_factor(shape, tuple(ref_node.attrs.get("shape", ())))
-        if factored is None or not _parts_taken_apart(ctx, ref_node, factored[0]):
+        viewed = tuple(ref_node.attrs.get("shape", ()))
+        factored = _leading_factor(shape, viewed)
+        # parts of several dims each ([b, s, 3, heads, d]: q, k and v), or parts the reference
+        # takes apart; a factor carried whole over one dim each is a count of like parts (heads)
+        if factored is None or not (len(viewed) - len(shape) >= 2 or _parts_taken_apart(ctx, ref_node, factored[0])):
             return None
         dim, count = factored
         size = shape[dim] // count

@@ -18,7 +18,7 @@ from ..wording import describe_op
 _CUTS = ("provenance", "provenance-slice", "rank-dependent-slice")
 
 
-def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupported | None:
+def mismatch(ctx: Context, ref_node: Node, rank: int, depth: int = 0) -> Discrepancy | Unsupported | None:
     aligned = ctx.aligned(ref_node, rank)
     if aligned is None:
         return None
@@ -26,6 +26,10 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
     for k, (ref_value, value) in enumerate(zip(ref_node.inputs, aligned.inputs, strict=False)):
         if not ctx.relations_between(ref_value, rank, value):
             wrong.append((k, ref_value, value))
+    if wrong and depth == 0:
+        earlier = _at_the_producer(ctx, wrong[0][1], wrong[0][2], rank)
+        if earlier is not None:
+            return earlier
     proper_shards = False
     if not wrong:
         unsupported = ctx._unsupported(ref_node, rank)
@@ -162,3 +166,22 @@ def mismatch(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Unsupport
         ),
         details={"blame": how, "wrong_inputs": [w[0] for w in wrong], "culprit": f"rank{rank}/{value}"},
     )
+
+
+def _at_the_producer(ctx: Context, ref_value: str, value: str, rank: int) -> Discrepancy | None:
+    """An unrelated input computed by the rank's counterpart of the reference's producer from
+    inputs that are each related but do not fit together (a fused projection's one-block output
+    plus its per-part bias): the mismatch is there, where the pieces are combined. A value the
+    rank computes piece by piece can relate in part (the piece whose layouts agree), so the
+    reference's value is not the first broken one though its combination is where it breaks."""
+    producer = ctx.ref_nodes.get(ref_value)
+    if producer is None:
+        return None
+    counterpart = ctx.aligned(producer, rank)
+    if counterpart is None or counterpart.id != value:
+        return None
+    pairs = zip(producer.inputs, counterpart.inputs, strict=False)
+    if not all(ctx.relations_between(ref_input, rank, input_) for ref_input, input_ in pairs):
+        return None
+    found = mismatch(ctx, producer, rank, depth=1)
+    return found if isinstance(found, Discrepancy) else None
