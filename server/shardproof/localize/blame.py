@@ -37,6 +37,11 @@ class Blame:
         unrelated_inputs = [
             v for v in node.inputs if not self.is_related(rank, v) and not self._is_constant_like(rank, v)
         ]
+        if not unrelated_inputs and self._cuts_a_shard_otherwise(rank, node):
+            # the rank's proper shard (its blocks tile the reference's value) cut into pieces the
+            # reference never takes of it (a per-head [q; k; v] layout split as one [q; k; v]):
+            # the cut is the mistake, not the loader that made the shard
+            return self.rank_site(node, "this cut splits a proper shard otherwise than the reference"), "cut-of-shard"
         if unrelated_inputs:
             producer = self.rank_node(rank, unrelated_inputs[0])
             if producer is not None and producer.collective is not None and producer.collective.kind == "all_gather":
@@ -124,6 +129,45 @@ class Blame:
             if mine not in others:
                 return True
         return False
+
+    def _cuts_a_shard_otherwise(self, rank: int, node: Node) -> bool:
+        """A slice of the rank's block of a reference value (blocks that tile it across the ranks)
+        whose pieces do not tile it, along a dim the reference never slices that value along."""
+        if node.op != "slice" or len(node.inputs) != 1:
+            return False
+        source, dim = node.inputs[0], node.attrs.get("dim")
+        for rel, refs in self.index.relations_of_rank_value(rank, source):
+            if rel.kind != "sel" or len(rel.ranges) != 1 or not isinstance(dim, int):
+                continue
+            ndim = len(self.ev.ranks[rank].meta_of(source).shape)
+            if rel.dim % ndim != dim % ndim:
+                continue
+            for ref in refs:
+                shard = self._ranges_across_ranks(source, ref)
+                piece = self._ranges_across_ranks(node.id, ref)
+                if shard is None or not blocked_tiling(shard) or (piece is not None and blocked_tiling(piece)):
+                    continue
+                sliced_alike = any(
+                    self.ref_nodes[c].op == "slice" and self.ref_nodes[c].attrs.get("dim", 0) % ndim == dim % ndim
+                    for c in self.ref_consumers.get(ref, [])
+                )
+                if not sliced_alike:
+                    return True
+        return False
+
+    def _ranges_across_ranks(self, value: str, ref: str) -> list[tuple[int, int]] | None:
+        """Per rank, the one range of `ref` the rank's `value` (the same node on every rank) holds."""
+        ranges = []
+        for r in range(len(self.ev.ranks)):
+            held = [
+                rel.ranges[0]
+                for rel, refs in self.index.relations_of_rank_value(r, value)
+                if rel.kind == "sel" and len(rel.ranges) == 1 and ref in refs
+            ]
+            if not held:
+                return None
+            ranges.append(held[0])
+        return ranges
 
     def provenance_site(self, rank: int, value: str) -> Site | None:
         site, _ = self.provenance_blame(rank, value)
