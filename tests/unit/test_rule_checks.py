@@ -48,6 +48,7 @@ def _mutant(name: str, old: str, new: str) -> Rule:
 # longer rejects its near miss.
 MUTANTS = [
     ("slice-of-binary", " (= n (sz y d))", ""),  # an operand broadcast along the sliced dim
+    ("one-copy-of-a-repeated-slice", "(- (+ (* s m) m) 1)", "(+ (* s m) m)"),  # a window past the copies
     ("column-parallel-linear", "((sel Y y -1 R))", "((sel Y y -2 R))"),  # the wrong output dim
     ("range-shift-cons", "(+ e k)", "(+ e 1)"),  # shifts one end only
     ("slice-of-concat-second", "(- s na) (- e na)", "(- s na) (- e (- na 1))"),  # off by one

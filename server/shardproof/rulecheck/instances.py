@@ -598,6 +598,12 @@ def _(g: Gen) -> dict[str, Any]:
     return {"X": g.tensor(2, kv_heads, 3), "d": -2, "m": m, "m2": m + 1, "s": g.int(0, kv_heads - 2)}
 
 
+@instance("one-copy-of-a-repeated-slice")
+def _(g: Gen) -> dict[str, Any]:
+    kv_heads = g.int(2, 4)
+    return {"X": g.tensor(2, kv_heads, 3), "d": -2, "m": g.int(1, 4), "s": g.int(0, kv_heads - 1)}
+
+
 def _window(g: Gen, d: int, nd: int = 3) -> dict[str, Any]:
     """X whose every group of m consecutive slices along d is equal (repeated KV heads), a window in one group."""
     groups, m = g.int(2, 3), g.int(2, 4)

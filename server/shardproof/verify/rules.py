@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "50"
+RULE_LIBRARY_VERSION = "51"
 
 
 @dataclass(frozen=True)
@@ -291,6 +291,14 @@ _rule(
     "m2 < m copies of one slice equal any m2 consecutive copies of it among the reference's m",
     "(rule ((= Y (Rep X d m)) (= y (Rep x d m2)) (sel X x d (RCons s (+ s 1) (RNil))) (< m2 m)) "
     "((selw Y y d (* s m) (- (+ (* s m) m) m2) m2)))",
+)
+_rule(
+    "one-copy-of-a-repeated-slice",
+    "layout",
+    "one slice of a value is any one of the m copies of it in the value's repeat (a rank holding one key "
+    "head, unrepeated, where the reference repeats every head to its query heads: Hugging Face's "
+    "`repeat_kv` returns its input when the count is 1)",
+    "(rule ((= Y (Rep X d m)) (sel X x d (RCons s (+ s 1) (RNil)))) ((selw Y x d (* s m) (- (+ (* s m) m) 1) 1)))",
 )
 _rule(
     "window-slice",
