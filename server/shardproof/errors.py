@@ -39,13 +39,26 @@ class UserCodeError(ShardproofError):
     """User code failed: an import error, an exception in a builder, an untraceable model."""
 
 
+# what to do about split sizes that do not pair up (the misuse most collective calls have)
+_PAIR_SPLITS = (
+    "make every rank's split sizes pair up: what rank i sends to rank j is what rank j receives from rank i "
+    "(the combine of a dispatch swaps them)"
+)
+
+
 class CollectiveCallError(UserCodeError):
     """A collective call that a real process group rejects (split sizes that do not add up): a
     mistake in the parallel program at the call's line, reported as a discrepancy."""
 
+    suggestion: str = _PAIR_SPLITS
+
 
 class CollectiveMisuse(Exception):
     """Raised while tracing a collective call with arguments no process group accepts."""
+
+    def __init__(self, message: str, suggestion: str = _PAIR_SPLITS) -> None:
+        super().__init__(message)
+        self.suggestion = suggestion
 
 
 def _frame_dict(frame: Frame) -> dict[str, Any]:
@@ -83,7 +96,9 @@ def user_code_error(exc: BaseException, stage: str) -> UserCodeError:
             inside = _frame_of(frames[-1])
     detail = "".join(traceback.format_exception(exc)).strip()
     if isinstance(exc, CollectiveMisuse):
-        return CollectiveCallError(_first_line(exc), site, detail, inside)  # the message names the rank
+        error = CollectiveCallError(_first_line(exc), site, detail, inside)  # the message names the rank
+        error.suggestion = exc.suggestion
+        return error
     message = f"{stage}: {type(exc).__name__}: {_first_line(exc)}"
     if "DataDependent" in type(exc).__name__:
         # torch's GuardOnDataDependentSymNode / DataDependentOutputException: a size (or a Python

@@ -185,8 +185,7 @@ def _collective_call_discrepancy(exc: CollectiveCallError, world_size: int, seco
         "collective-mismatch",
         exc.message,
         primary,
-        suggestion="make every rank's split sizes pair up: what rank i sends to rank j is what rank j receives "
-        "from rank i (the combine of a dispatch swaps them)",
+        suggestion=exc.suggestion,
         witness={"status": "not-run", "reason": "the call fails before any output exists"},
     )
     return WorldSizeResult(

@@ -237,3 +237,20 @@ def test_a_blocking_receive_first_on_one_rank_pairs_with_the_others_send(tmp_pat
     project = load_project(_exchange_project(tmp_path, ordered))
     (outcome,) = verify_check(project.checks[0], project, [2], sandbox, numeric_witness=False).results
     assert outcome.verdict == "verified", outcome.summary
+
+
+def test_a_gather_list_on_a_rank_that_is_not_the_destination_is_reported_at_the_call(tmp_path: Path, sandbox) -> None:
+    # torch refuses a gather_list on any rank but dst: the call fails on rank 1
+    everywhere = (
+        "pieces = [torch.empty_like(mine) for _ in range(2)]\n"
+        "        dist.gather(mine, pieces, dst=0)\n"
+        "        theirs = pieces[1 - self.rank]"
+    )
+    project = load_project(_exchange_project(tmp_path, everywhere))
+    (outcome,) = verify_check(project.checks[0], project, [2], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "discrepancy"
+    finding = outcome.discrepancies[0]
+    assert finding.kind == "collective-mismatch" and "not the destination" in finding.message
+    assert finding.primary is not None and finding.primary.file.endswith("exchange.py")
+    assert "dist.gather" in (finding.primary.code or "")
+    assert "destination rank only" in finding.suggestion

@@ -87,6 +87,33 @@ def _broadcast(
     return _CompletedWork() if async_op else None
 
 
+def _gather(
+    tensor: torch.Tensor,
+    gather_list: list[torch.Tensor] | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Any:
+    """`dist.gather`: every rank's tensor in `gather_list` on the destination, the others passing
+    None. Traced as an all-gather on every rank of the group (each takes part alike), whose pieces
+    only the destination keeps: what the destination holds is the same."""
+    group = _group(group)
+    if group_dst is None:
+        group_dst = dist.get_group_rank(group, dst if dst is not None else 0)
+    is_destination = dist.get_group_rank(group, dist.get_rank()) == group_dst
+    only_there = "give gather_list on the destination rank only (None on the others), as torch requires"
+    if gather_list and not is_destination:
+        raise CollectiveMisuse("dist.gather: gather_list is given on a rank that is not the destination", only_there)
+    gathered = funcol.all_gather_tensor(tensor.contiguous(), 0, group)
+    if is_destination:
+        if not gather_list:
+            raise CollectiveMisuse("dist.gather: the destination rank gives no gather_list", only_there)
+        for piece, out in zip(gathered.chunk(len(gather_list)), gather_list, strict=True):
+            out.copy_(piece.view_as(out))
+    return _CompletedWork() if async_op else None
+
+
 def _all_to_all(
     output_tensor_list: list[torch.Tensor],
     input_tensor_list: list[torch.Tensor],
@@ -308,6 +335,7 @@ def extended_collective_remaps() -> Iterator[None]:
                 table[legacy] = _synchronous(remapped)
         table[dist.broadcast] = _broadcast
         table[dist.all_to_all] = _all_to_all
+        table[dist.gather] = _gather
         if dist.all_to_all_single in table:
             table[dist.all_to_all_single] = _checked_all_to_all_single(table[dist.all_to_all_single])
         table[dist.reduce_scatter] = _reduce_scatter_list
