@@ -386,10 +386,9 @@ def sequence_parallel_embedding(ref: nn.Module, rank: int, world_size: int) -> n
     return SequenceParallelVocabEmbedding(ref, rank, world_size)
 
 
-def smoothed_vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Megatron's vocab-parallel cross entropy with label smoothing: (1 - eps) times the loss plus
-    eps times the mean over the vocabulary of -log_softmax, that mean from the all-reduced sum of
-    the shifted logits."""
+def smoothing_terms(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The vocab-parallel cross entropy, the log of the all-reduced sum of the shifted
+    exponentials and the all-reduced sum of the shifted logits: what label smoothing combines."""
     loss = vocab_parallel_cross_entropy(logits, target)
     logits_max = logits.max(dim=-1)[0]
     dist.all_reduce(logits_max, op=dist.ReduceOp.MAX)
@@ -398,7 +397,15 @@ def smoothed_vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Te
     dist.all_reduce(sum_exp)
     sum_shifted = shifted.sum(dim=-1)
     dist.all_reduce(sum_shifted)
-    mean_negative_log_probs = torch.log(sum_exp) - sum_shifted / vocab
+    return loss, torch.log(sum_exp), sum_shifted
+
+
+def smoothed_vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Megatron's vocab-parallel cross entropy with label smoothing: (1 - eps) times the loss plus
+    eps times the mean over the vocabulary of -log_softmax, that mean from the all-reduced sum of
+    the shifted logits."""
+    loss, log_z, sum_shifted = smoothing_terms(logits, target)
+    mean_negative_log_probs = log_z - sum_shifted / vocab
     return (1 - LABEL_SMOOTHING) * loss + LABEL_SMOOTHING * mean_negative_log_probs
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layer_variants import LABEL_SMOOTHING, Z_LOSS
-from .megatron import SmoothedVocabParallelLoss, VocabParallelZLoss, vocab_parallel_cross_entropy
+from .megatron import SmoothedVocabParallelLoss, VocabParallelZLoss, smoothing_terms
 
 
 def _logsumexp(logits: torch.Tensor) -> torch.Tensor:
@@ -36,16 +36,8 @@ class ZLossSquared(VocabParallelZLoss):
 
 class SmoothingSubtracted(SmoothedVocabParallelLoss):
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.weight)
-        loss = vocab_parallel_cross_entropy(logits, targets)
-        logits_max = logits.max(dim=-1)[0]
-        dist.all_reduce(logits_max, op=dist.ReduceOp.MAX)
-        shifted = logits - logits_max.unsqueeze(-1)
-        sum_exp = shifted.exp().sum(dim=-1)
-        dist.all_reduce(sum_exp)
-        sum_shifted = shifted.sum(dim=-1)
-        dist.all_reduce(sum_shifted)
-        smoothed = (1 - LABEL_SMOOTHING) * loss - LABEL_SMOOTHING * (sum_shifted / self.vocab - torch.log(sum_exp))
+        loss, log_z, sum_shifted = smoothing_terms(F.linear(x, self.weight), targets)
+        smoothed = (1 - LABEL_SMOOTHING) * loss - LABEL_SMOOTHING * (sum_shifted / self.vocab - log_z)
         return smoothed.mean()
 
 
