@@ -1,7 +1,7 @@
 """Laws of indexing along one dim (verify/indexing_laws.py): a write at positions of one dim
 (`cache[:, :, pos] = v`, which DTensor has no strategy for) keeps a block of any other dim, each
 law checked on concrete tensors; and a call in another form than the one a hand-written rule
-matches still gets its laws (verify/rules.py opaque_forms)."""
+matches still gets its laws (verify/opaque_rules.py opaque_forms)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from shardproof.graph.model import TensorMeta
 from shardproof.verify.indexing_laws import indexing_laws
 from shardproof.verify.law_check import check_law
 from shardproof.verify.op_laws import Call, Law, Placement
-from shardproof.verify.rules import opaque_forms
+from shardproof.verify.opaque_rules import opaque_forms
 
 R = Placement("R")
 

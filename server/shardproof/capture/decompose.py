@@ -8,7 +8,7 @@ normalized in place of the call, each in turn written out the same way if it nee
 reference and every rank go through the same normalizer, so the same operation meets the same
 operations on both sides. The site of every operation of a decomposition is the call's.
 
-Operations the rule library matches as opaque calls (`verify.rules.opaque_ops`, such as
+Operations the rule library matches as opaque calls (`verify.opaque_rules.opaque_ops`, such as
 `embedding_dense_backward`) stay whole: a rule knows them as they are. A decomposition is used only
 when it stays in ATen: the table's references written in prims
 (torch's lowest level, which the normalizer does not read) and random operations (whose values no
@@ -163,7 +163,7 @@ def trace(fx: torch.fx.Node) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]
     that stays in ATen, or it cannot be traced."""
     if not isinstance(fx.target, torch._ops.OpOverload) or any(word in str(fx.target) for word in _RANDOM):
         return None
-    from ..verify.rules import opaque_ops
+    from ..verify.opaque_rules import opaque_ops
 
     if fx.target.name() in opaque_ops():
         return None

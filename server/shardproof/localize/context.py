@@ -304,7 +304,7 @@ class Context(Blame, Pictures, Plans):
 
     def _followed(self, node: Node) -> bool:
         """Whether rules follow this opaque call (derived laws, or a rule matching it whole)."""
-        from ..verify.rules import opaque_ops
+        from ..verify.opaque_rules import opaque_ops
 
         target = str(node.attrs.get("target", ""))
         return target in self.ev.law_targets or target in opaque_ops()

@@ -567,7 +567,7 @@ def encode_unit(
     skeleton is such a chain (one call per layer, in every program), and egglog 13 spends 40-170
     us on every command, whatever it is."""
     from .op_laws import laws_for
-    from .rules import opaque_forms
+    from .opaque_rules import opaque_forms
 
     encoder = Encoder()
     laws = laws_for(reference, opaque_forms())
