@@ -175,8 +175,8 @@ def _at_the_producer(ctx: Context, ref_value: str, value: str, rank: int) -> Dis
     rank computes piece by piece can relate in part (the piece whose layouts agree), so the
     reference's value is not the first broken one though its combination is where it breaks."""
     producer = ctx.ref_nodes.get(ref_value)
-    if producer is None:
-        return None
+    if producer is None or len(set(producer.inputs)) < 2:
+        return None  # (a combination of values: one input alone cannot fail to fit another)
     counterpart = ctx.aligned(producer, rank)
     if counterpart is None or counterpart.id != value:
         return None
