@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .models import HEAD_DIM, HEADS, HIDDEN, KV_HEADS
+from .models import HEAD_DIM, HEADS, KV_HEADS, GQAAttention
 
 
 def repeat_kv(hidden: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -21,14 +21,10 @@ def repeat_kv(hidden: torch.Tensor, n_rep: int) -> torch.Tensor:
     return hidden[:, :, None, :, :].expand(batch, heads, n_rep, seq, dim).reshape(batch, heads * n_rep, seq, dim)
 
 
-class HFAttention(nn.Module):
+class HFAttention(GQAAttention):
     def __init__(self) -> None:
         super().__init__()
         self.heads, self.kv_heads = HEADS, KV_HEADS
-        self.q_proj = nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False)
-        self.k_proj = nn.Linear(HIDDEN, KV_HEADS * HEAD_DIM, bias=False)
-        self.v_proj = nn.Linear(HIDDEN, KV_HEADS * HEAD_DIM, bias=False)
-        self.o_proj = nn.Linear(HEADS * HEAD_DIM, HIDDEN, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
