@@ -133,14 +133,13 @@ class Blame:
     def _cuts_a_shard_otherwise(self, rank: int, node: Node) -> bool:
         """A slice of the rank's block of a reference value (blocks that tile it across the ranks)
         whose pieces do not tile it, along a dim the reference never slices that value along."""
-        if node.op != "slice" or len(node.inputs) != 1:
+        dim = node.attrs.get("dim")
+        if node.op != "slice" or len(node.inputs) != 1 or not isinstance(dim, int):
             return False
-        source, dim = node.inputs[0], node.attrs.get("dim")
+        source = node.inputs[0]
+        ndim = len(self.ev.ranks[rank].meta_of(source).shape)
         for rel, refs in self.index.relations_of_rank_value(rank, source):
-            if rel.kind != "sel" or len(rel.ranges) != 1 or not isinstance(dim, int):
-                continue
-            ndim = len(self.ev.ranks[rank].meta_of(source).shape)
-            if rel.dim % ndim != dim % ndim:
+            if rel.kind != "sel" or len(rel.ranges) != 1 or rel.dim % ndim != dim % ndim:
                 continue
             for ref in refs:
                 shard = self._ranges_across_ranks(source, ref)

@@ -44,11 +44,7 @@ def one_block_of_parts(ctx: Context, ref_node: Node, aligned: Node, rank: int, v
     if split is None:
         return None
     dim, parts = split
-    blocks = [
-        rel.ranges[0]
-        for rel in ctx.relations_between(fused, rank, value)
-        if rel.kind == "sel" and len(rel.ranges) == 1 and rel.dim % len(shape) == dim
-    ]
+    blocks = _blocks_along(ctx, fused, rank, value, dim, len(shape))
     if not blocks or blocks[0] == (0, shape[dim]):
         return None
     if _rank_part_count(ctx, aligned, rank, value, dim, len(shape)) != len(parts):
@@ -81,13 +77,19 @@ def whole_count_on_block(ctx: Context, ref_node: Node, aligned: Node, rank: int,
     if math.prod(viewed[dim:]) != math.prod(local[dim:]):
         return None
     part = shape[dim] // count
-    for rel in ctx.relations_between(fused, rank, value):
-        if rel.kind != "sel" or len(rel.ranges) != 1 or rel.dim % len(shape) != dim:
-            continue
-        start, end = rel.ranges[0]
+    for start, end in _blocks_along(ctx, fused, rank, value, dim, len(shape)):
         if end - start < shape[dim] and start % part == 0 and (end - start) % part == 0:
             return (end - start) // part
     return None
+
+
+def _blocks_along(ctx: Context, fused: str, rank: int, value: str, dim: int, ndim: int) -> list[tuple[int, int]]:
+    """The one-range blocks of `fused` along `dim` (non-negative) that the rank's `value` holds."""
+    return [
+        rel.ranges[0]
+        for rel in ctx.relations_between(fused, rank, value)
+        if rel.kind == "sel" and len(rel.ranges) == 1 and rel.dim % ndim == dim
+    ]
 
 
 def _split(ctx: Context, ref_node: Node, shape: tuple[int, ...]) -> tuple[int, list[tuple[int, int]]] | None:

@@ -235,10 +235,8 @@ class CollectiveLowering:
 
 
 def _mismatch(
-    group: tuple[int, ...], index: int, calls: dict[int, Node], graphs: dict[int, Graph], channel: int | None = None
+    group: tuple[int, ...], index: int, calls: dict[int, Node], graphs: dict[int, Graph]
 ) -> CollectiveIssue | None:
-    if channel is not None:
-        return _unpaired(group, index, calls, graphs, channel)
     members = [r for r in group if r in graphs]
     missing = [r for r in members if r not in calls]
     nodes = [(graphs[r].name, n.id) for r, n in calls.items()]
@@ -464,7 +462,10 @@ def _lower_ready(encoder: Encoder, graphs: list[Graph], exclude: set[tuple[str, 
             needed = {r: n for r, n in calls.items() if channel is None or r == channel}
             if not all((by_rank[r].name, n.inputs[0]) in encoder.term_of for r, n in needed.items()):
                 break
-            issue = _mismatch(group, k, calls, by_rank, channel)
+            if channel is None:
+                issue = _mismatch(group, k, calls, by_rank)
+            else:
+                issue = _unpaired(group, k, calls, by_rank, channel)
             if issue is not None:
                 if (group, channel, k) not in reported:
                     encoder.issues.append(issue)
