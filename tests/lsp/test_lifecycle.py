@@ -36,11 +36,21 @@ async def test_closing_an_unsaved_buffer_withdraws_what_was_found_in_it(tiny) ->
     broken = text.replace("        dist.all_reduce(y)\n", "", 1)  # the correct MLP loses its all-reduce
     replace_document(client, parallel, broken, 2)
     await wait_for(lambda: [d for d in diagnostics_of(client, parallel) if d.severity == 1], client=client)
+    # diagnostics are published before the run's verificationFinished: wait for the broken run's own
+    # notification, so the one awaited below can only be the run on the file on disk
+    await wait_for(lambda: client.verificationFinished[-1]["verdict"] == "discrepancy", client=client)
+    finished_before_close = len(client.verificationFinished)
     client.text_document_did_close(
         types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=parallel.as_uri()))
     )
     # the file on disk is correct: the squiggle found in the unsaved buffer goes away
-    await wait_for(lambda: client.verificationFinished[-1]["verdict"] == "verified", client=client)
+    await wait_for(
+        lambda: (
+            len(client.verificationFinished) > finished_before_close
+            and client.verificationFinished[-1]["verdict"] == "verified"
+        ),
+        client=client,
+    )
     assert not diagnostics_of(client, parallel)
 
 
