@@ -87,6 +87,29 @@ def test_the_encoder_states_the_twins_of_a_grouped_split_and_they_hold() -> None
     assert unions_hold(commands, {"0": torch.randn(2, 3, 32, dtype=torch.float64)}) >= 4
 
 
+def _unbound_thirds(fused: torch.Tensor) -> torch.Tensor:
+    """GPT-NeoX's fused projection viewed [batch, seq, heads, 3, head_dim] and unbound."""
+    b, s, _ = fused.shape
+    q, k, v = fused.view(b, s, 2, 3, 4).unbind(3)
+    return q * k + v
+
+
+def test_a_slice_of_a_split_dim_is_stated_as_a_run_of_the_merged_view_and_it_holds() -> None:
+    graph = traced(_unbound_thirds, (2, 3, 24))
+    commands = encode_unit(graph, {}, []).commands
+    runs = [c for c in commands if c.startswith("(let ") and "run" in c.split()[1]]
+    assert len(runs) == 3, "each third is a run of the [batch, seq, heads, 12] view"
+    assert any('"2,3,2,12"' in c for c in commands), "the merged view is stated"
+    # every union is checked on concrete tensors, the new twins among them
+    assert unions_hold(commands, {"0": torch.randn(2, 3, 24, dtype=torch.float64)}) >= 6
+
+
+def test_a_slice_of_a_dim_no_source_dim_splits_states_no_run() -> None:
+    graph = traced(lambda x: x.view(6, 4)[1:3] * 2, (2, 12))  # the rows cross the source's dims
+    commands = encode_unit(graph, {}, []).commands
+    assert not [c for c in commands if c.startswith("(let ") and "run" in c.split()[1]]
+
+
 def test_a_view_of_a_view_is_stated_as_the_view_of_the_source() -> None:
     graph = traced(lambda x: (x.view(4, 3, 2) * 2).view(2, 2, 6).view(24), (6, 4))
     commands = encode_unit(graph, {}, []).commands

@@ -198,6 +198,7 @@ class MovementTwins:
         source = self._view_sources.get(sliced)
         if source is None or source not in self.meta_of:
             return
+        self._slice_of_merged_view_twin(node, name, sliced, source)
         a = node.attrs
         viewed = self.meta_of[sliced].shape
         dim = a["dim"] if a["dim"] < 0 else a["dim"] - len(viewed)
@@ -218,6 +219,34 @@ class MovementTwins:
         joined_shape = self.meta_of[joined].shape
         self.commands.append(f"(union {name} {self._view(joined, joined_shape, node.meta)})")
         self._view_sources[self.same_as(name)] = joined
+
+    def _slice_of_merged_view_twin(self, node: Node, name: str, sliced: str, source: str) -> None:
+        """x.view(S) sliced [a:b] along dim k, the dims after it of I elements, is x.view(S[:k] +
+        [prod S[k:]]) sliced [a * I, b * I) along its last dim, viewed with the slice's shape: in
+        row-major order the indices a..b of dim k are, under each index of the dims before k, one
+        contiguous run of the merged dim. Stated when the merged view is neither the source's shape
+        nor the view's: `unbind` of a [.., heads, 3, head_dim] view is then the [.., heads,
+        3 * head_dim] view (the one a reference slices per third) sliced. Only for a dim split out of
+        one dim of the source with dims after it in that dim (the unit's terms grow by three)."""
+        a = node.attrs
+        viewed = self.meta_of[sliced].shape
+        k = a["dim"] if a["dim"] >= 0 else len(viewed) + a["dim"]
+        if not 0 <= k < len(viewed) - 1:
+            return  # the last dim: no dims after it to merge
+        source_shape = tuple(self.meta_of[source].shape)
+        held = _holding_dim(source_shape, viewed, k)
+        if held is None or held[1] == 1 or viewed[k] * held[1] > source_shape[held[0]]:
+            return  # the dim is not one split out of a single dim of the source, with parts after it
+        inner = math.prod(viewed[k + 1 :])
+        merged = (*viewed[:k], viewed[k] * inner)
+        if merged in (source_shape, tuple(viewed)):
+            return
+        dtype = node.meta.dtype
+        coarse = self._view(source, source_shape, TensorMeta(merged, dtype))
+        cut = (*viewed[:k], (a["end"] - a["start"]) * inner)
+        term = f"(Slice {coarse} {k - len(merged)} {a['start'] * inner} {a['end'] * inner})"
+        piece = self.let(self._fresh("run"), term, TensorMeta(cut, dtype))
+        self.commands.append(f"(union {name} {self._view(piece, cut, node.meta)})")
 
     def state_view_twins(self, graph: Graph) -> None:
         """A value is the view of its twin on unflattened values (capture/leading_dims.py), or
