@@ -133,3 +133,26 @@ def test_no_op_playing_the_part_is_not_this_mistake() -> None:
     kit = _kit({1: (0, 8)})
     kit.ref.op("z", "softmax", "x", out=SHAPE, line=12, dim=-1)
     assert _check(kit, ref_value="z") is None
+
+
+def test_two_reference_values_described_alike_are_told_apart_by_their_lines() -> None:
+    """The reference negates two masks (lines 10 and 11) and uses the second; each rank uses the
+    first: both are `the output of logical_not`, so the message names their lines."""
+    kit = Kit()
+    kit.input("m", *SHAPE)
+    kit.input("n", *SHAPE, target="1")
+    kit.ref.op("a", "unary", "m", out=SHAPE, line=10, fn="logical_not")
+    kit.ref.op("b", "unary", "n", out=SHAPE, line=11, fn="logical_not")
+    kit.ref.op("y", "binary", "b", "m", out=SHAPE, line=12, fn="mul")
+    kit.ref.output("y")
+    for r, rank in kit.each_rank():
+        rank.op("a", "unary", "m", out=SHAPE, line=40, fn="logical_not")
+        kit.equal("a", f"rank{r}/a")
+        rank.op("y", "binary", "a", "m", out=SHAPE, line=41, fn="mul")
+        rank.output("y")
+    found = _check(kit, rank=0)
+    assert isinstance(found, Discrepancy)
+    assert found.message.endswith(
+        "to the output of logical_not (at reference.py:10:5), where the reference uses the output of logical_not "
+        "(at reference.py:11:5)"
+    ), found.message

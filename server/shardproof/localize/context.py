@@ -100,6 +100,18 @@ class Context(Blame, Pictures, Plans):
         where = f" in {node.module_path}" if node.module_path and node.op not in ("linear", "embedding") else ""
         return f"the output of {describe_op(node)}{where}"
 
+    def ref_value_names(self, *values: str) -> list[str]:
+        """The names of reference values one message mentions; two different values the names
+        would describe alike (two `logical_not`s) are told apart by their lines."""
+        names = [self.ref_value_name(v) for v in values]
+        told = []
+        for value, name in zip(values, names, strict=True):
+            node = self.ref_nodes.get(value)
+            alike = any(other != value and names[i] == name for i, other in enumerate(values))
+            site = self.ref_site(node) if alike and node is not None else None
+            told.append(f"{name} (at {site.short()})" if site is not None else name)
+        return told
+
     def aligned(self, ref_node: Node, rank: int) -> Node | None:
         """The rank node that plays the part of `ref_node`: same op, inputs related to its inputs."""
         related_inputs = self._related_to_inputs(ref_node, rank)
@@ -289,9 +301,9 @@ class Context(Blame, Pictures, Plans):
                 out[str(rank)] = "nothing related"
         return out
 
-    def _holding(self, rel: Relation, ref_value: str) -> str:
+    def _holding(self, rel: Relation, ref_value: str, name: str | None = None) -> str:
         shape = self._shape(ref_value)
-        name = self.ref_value_name(ref_value)
+        name = self.ref_value_name(ref_value) if name is None else name
         if rel.kind == "equal":
             return name
         return f"{rel.describe(shape)} of {name}"

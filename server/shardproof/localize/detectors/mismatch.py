@@ -74,8 +74,12 @@ def mismatch(ctx: Context, ref_node: Node, rank: int, depth: int = 0) -> Discrep
         )
     found_rels = ctx.index.relations_of_rank_value(rank, value)
     expected = f"input {k} of the {describe_op(ref_node)} holds part of {ctx.ref_value_name(ref_value)}"
+    # the values found and the one expected named together (told apart when described alike)
+    *found_names, expected_name = ctx.ref_value_names(*(refs[0] for _, refs in found_rels[:2]), ref_value)
     found = (
-        "; ".join(ctx._holding(rel, refs[0]) for rel, refs in found_rels[:2])
+        "; ".join(
+            ctx._holding(rel, refs[0], name) for (rel, refs), name in zip(found_rels[:2], found_names, strict=True)
+        )
         or "a value unrelated to anything the reference computes"
     )
     kind = "wrong-shard" if found_rels else "not-equivalent"
@@ -90,7 +94,7 @@ def mismatch(ctx: Context, ref_node: Node, rank: int, depth: int = 0) -> Discrep
     where = ctx.rank_site(aligned).short() if aligned.site else "?"
     message = (
         f"rank {rank} applies the {describe_op(aligned)} at {where} to {found}, where the reference uses "
-        f"{ctx.ref_value_name(ref_value)}"
+        f"{expected_name}"
     )
     gather = ctx.rank_node(rank, value)
     if (
