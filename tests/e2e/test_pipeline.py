@@ -254,3 +254,73 @@ def test_a_gather_list_on_a_rank_that_is_not_the_destination_is_reported_at_the_
     assert finding.primary is not None and finding.primary.file.endswith("exchange.py")
     assert "dist.gather" in (finding.primary.code or "")
     assert "destination rank only" in finding.suggestion
+
+
+_RING = '''
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from exchange import build  # noqa: F401
+
+
+def example_inputs():
+    return (torch.randn(6, 8),)  # two rows per rank
+
+
+class RingGather(nn.Module):
+    """Each rank projects its block of rows and passes blocks around the ring of ranks, one step
+    at a time: after world size - 1 steps every rank holds every block."""
+
+    def __init__(self, reference, rank, world_size):
+        super().__init__()
+        self.proj, self.rank, self.world_size = reference.proj, rank, world_size
+
+    def forward(self, x):
+        rank, ws = self.rank, self.world_size
+        blocks = [None] * ws
+        blocks[rank] = outgoing = self.proj(x.chunk(ws)[rank])
+        for step in range(ws - 1):
+            incoming = torch.empty_like(outgoing)
+            CALLS
+            blocks[(rank - step - 1) % ws] = outgoing = incoming
+        return torch.cat(blocks)
+
+
+def parallelize(reference, rank, world_size):
+    return RingGather(reference, rank, world_size)
+'''
+
+
+def _ring_project(tmp_path: Path, calls: str) -> Path:
+    root = _exchange_project(tmp_path, "pass")
+    (root / "ring.py").write_text(_RING.replace("CALLS", calls))
+    text = (root / "pyproject.toml").read_text().replace('"exchange:parallelize"', '"ring:parallelize"')
+    text = text.replace('"exchange:example_inputs"', '"ring:example_inputs"')
+    (root / "pyproject.toml").write_text(text.replace("world-sizes = [2]", "world-sizes = [3]"))
+    return root
+
+
+_SEND, _RECV = "dist.send(outgoing, dst=(rank + 1) % ws)", "dist.recv(incoming, src=(rank - 1) % ws)"
+
+
+def test_a_ring_in_which_every_rank_sends_first_with_blocking_calls_hangs(tmp_path: Path, sandbox) -> None:
+    # measured on gloo: three ranks that each send to the next before receiving hang, even for 4 elements
+    project = load_project(_ring_project(tmp_path, f"{_SEND}\n            {_RECV}"))
+    (outcome,) = verify_check(project.checks[0], project, [3], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "discrepancy"
+    finding = outcome.discrepancies[0]
+    assert finding.kind == "collective-mismatch" and "cycle of blocking calls" in finding.message, finding.message
+    assert "rank 0 in a send to rank 1, rank 1 in a send to rank 2, rank 2 in a send to rank 0" in finding.message
+    assert finding.primary is not None and finding.primary.file.endswith("ring.py")
+    assert "dist.send" in (finding.primary.code or "")
+
+
+def test_a_ring_whose_odd_ranks_receive_first_is_verified(tmp_path: Path, sandbox) -> None:
+    calls = (
+        f"if rank % 2 == 0:\n                {_SEND}\n                {_RECV}\n"
+        f"            else:\n                {_RECV}\n                {_SEND}"
+    )
+    project = load_project(_ring_project(tmp_path, calls))
+    (outcome,) = verify_check(project.checks[0], project, [3], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "verified", outcome.summary

@@ -11,6 +11,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from ..graph.model import Collective, Graph, Node, TensorMeta
+from .blocking_hangs import blocking_hangs
 from .language import quoted as _q
 from .relayout import MOVEMENT_OPS, Exchange, Piece, fold, rows_sent
 
@@ -27,6 +28,7 @@ class CollectiveIssue:
     message: str
     nodes: list[tuple[str, str]]  # (graph name, node id)
     channel: int | None = None  # point-to-point calls: the sending rank (calls are matched per direction)
+    hang: bool = False  # blocking calls waiting for each other (blocking_hangs.py), not a mismatch of calls
 
 
 class CollectiveLowering:
@@ -315,90 +317,6 @@ def _unpaired(
     return None
 
 
-def blocking_hangs(graphs: list[Graph]) -> list[CollectiveIssue]:
-    """Pairs of ranks whose blocking point-to-point calls wait for each other. A blocking call
-    (`send`, `recv`) returns once the peer has posted the matching call (the same direction's
-    next value); a non-blocking one (`isend`, `irecv`, a batch) never waits. Played out in each
-    rank's order: when neither rank can go on while a match is still to come, the run hangs
-    (two ranks that both `send` first hang on gloo, whatever the size)."""
-    by_rank = {g.rank: g for g in graphs}
-    pairs: dict[tuple[int, ...], dict[int, list[Node]]] = {}
-    for graph in graphs:
-        for node in graph.nodes:
-            if node.collective is not None and node.collective.kind == "p2p":
-                pairs.setdefault(node.collective.group, {}).setdefault(graph.rank, []).append(node)  # type: ignore[arg-type]
-    issues = []
-    for pair, calls in sorted(pairs.items()):
-        if len(calls) != 2 or not any(n.attrs.get("blocking") for nodes in calls.values() for n in nodes):
-            continue
-        keys = {rank: _channel_keys(nodes) for rank, nodes in calls.items()}
-        stuck = _played_out(calls, keys)
-        if stuck is None:
-            continue
-        (a, i), (b, j) = sorted(stuck.items())
-        first, second = calls[a][i], calls[b][j]
-        if all(keys[r][k] in keys[other] for (r, k), other in (((a, i), b), ((b, j), a))):
-            issues.append(
-                CollectiveIssue(
-                    pair,
-                    i,
-                    _hang_message(a, first, b, second),
-                    [(by_rank[a].name, first.id), (by_rank[b].name, second.id)],
-                )
-            )
-    return issues
-
-
-def _channel_keys(nodes: list[Node]) -> list[tuple[int, int]]:
-    """Each call's (sending rank, how many values that rank sent before) in this pair."""
-    seen: dict[int, int] = {}
-    keys = []
-    for node in nodes:
-        src = node.collective.src if node.collective is not None else None
-        assert src is not None
-        keys.append((src, seen.get(src, 0)))
-        seen[src] = seen.get(src, 0) + 1
-    return keys
-
-
-def _played_out(calls: dict[int, list[Node]], keys: dict[int, list[tuple[int, int]]]) -> dict[int, int] | None:
-    """Where each rank waits when neither can go on (None: both finish)."""
-    position = dict.fromkeys(calls, 0)
-    posted: dict[int, set[tuple[int, int]]] = {rank: set() for rank in calls}
-    while True:
-        moved = False
-        for rank, nodes in calls.items():
-            other = next(r for r in calls if r != rank)
-            while position[rank] < len(nodes):
-                key = keys[rank][position[rank]]
-                posted[rank].add(key)
-                if nodes[position[rank]].attrs.get("blocking") and key not in posted[other]:
-                    break
-                position[rank] += 1
-                moved = True
-        waiting = {r: p for r, p in position.items() if p < len(calls[r])}
-        if not waiting:
-            return None
-        if not moved:
-            # one rank left waiting: its partner's call never comes (an unpaired call, reported
-            # as such by the matching); both waiting: each for the other
-            return waiting if len(waiting) == 2 else None
-
-
-def _hang_message(a: int, first: Node, b: int, second: Node) -> str:
-    verbs = {True: "send", False: "receive"}
-    doing = (verbs[bool(first.attrs.get("send"))], verbs[bool(second.attrs.get("send"))])
-    if doing[0] == doing[1]:
-        return (
-            f"ranks [{a}, {b}] both {doing[0]} to each other first with blocking calls, each waiting for the other's "
-            "matching call (a hang)"
-        )
-    return (
-        f"rank {a} blocks in a {doing[0]} and rank {b} in a {doing[1]}, each before the call the other waits for "
-        "(a hang)"
-    )
-
-
 def encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
     """Encode rank graphs in an order that respects collectives.
 
@@ -406,7 +324,8 @@ def encode_ranks(encoder: Encoder, graphs: list[Graph]) -> None:
     encoded up to its next collective, the collectives whose inputs are all present are lowered,
     and the walk repeats. Calls that can never be matched become unrelated leaves.
     """
-    encoder.issues.extend(blocking_hangs(graphs))
+    hangs = blocking_hangs(graphs)
+    encoder.issues.extend(CollectiveIssue(h.ranks, h.position, h.message, h.nodes, hang=True) for h in hangs)
     positions = {g.name: 0 for g in graphs}
     lowered: dict[tuple[str, str], str] = {}
     while True:
@@ -450,7 +369,7 @@ def _lower_ready(encoder: Encoder, graphs: list[Graph], exclude: set[tuple[str, 
                 channel = coll.src if coll.kind == "p2p" else None
                 sequences.setdefault((coll.group, channel, graph.rank), []).append(node)  # type: ignore[arg-type]
     result: dict[tuple[str, str], str] = {}
-    reported = {(i.group, i.channel, i.index) for i in encoder.issues}
+    reported = {(i.group, i.channel, i.index) for i in encoder.issues if not i.hang}
     for group, channel in sorted({(g, c) for g, c, _ in sequences}, key=lambda gc: (gc[0], gc[1] is not None, gc[1])):
         members = [r for r in group if r in by_rank]
         lengths = {r: len(sequences.get((group, channel, r), [])) for r in members}
