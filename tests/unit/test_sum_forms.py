@@ -148,3 +148,27 @@ def test_views_of_other_shapes_or_of_plain_values_are_not_opened() -> None:
     p.forms.note_view("$w0", p.leaf("$x"), "3,2", _meta())
     p.forms.note_view("$w1", p.leaf("$y"), "3,2", _meta())
     assert p.forms.total_facts("$total", ["$w0", "$w1"]) == []  # nothing to open: the views are the terms
+
+
+def _plus_zero_bias(x: torch.Tensor) -> torch.Tensor:
+    zeros = torch.zeros(x.shape[-1], dtype=x.dtype, device=x.device)
+    return (x + zeros) * (x - zeros) + (zeros - x)  # 0 - x is -x, never x
+
+
+def test_a_broadcast_bias_of_zeros_added_or_subtracted_is_stated_away_and_it_holds() -> None:
+    from term_values import traced, unions_hold
+
+    from shardproof.verify.encode import encode_unit
+
+    graph = traced(_plus_zero_bias, (2, 3, 4))
+    commands = encode_unit(graph, {}, []).commands
+    # in graph order: x + 0, x - 0, 0 - x (then the product and the last sum)
+    x_plus, x_minus, zero_minus = [n for n in graph.nodes if n.op == "binary" and n.attrs["fn"] in ("add", "sub")][:3]
+    assert (x_plus.attrs["fn"], x_minus.attrs["fn"], zero_minus.attrs["fn"]) == ("add", "sub", "sub")
+    stated = {c.split()[1] for c in commands if c.startswith("(union ")}
+    assert f"$reference__{x_plus.id}" in stated and f"$reference__{x_minus.id}" in stated
+    assert f"$reference__{zero_minus.id}" not in stated, "0 - x is not x"
+    (zeros,) = [n for n in graph.nodes if n.op == "constant"]
+    assert zeros.attrs.get("zero")
+    known = {zeros.attrs["digest"]: torch.zeros(4, dtype=torch.float64)}
+    assert unions_hold(commands, {"0": torch.randn(2, 3, 4, dtype=torch.float64)}, known) >= 2

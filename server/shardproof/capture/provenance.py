@@ -43,6 +43,7 @@ from ..relations.expr import (
     norm_dim,
 )
 from .frames import LiveSites
+from .lowering_tables import _all_zeros
 from .meta_ops import leaves
 
 _DETERMINISTIC_FACTORIES = {
@@ -522,7 +523,8 @@ class ProvenanceTracker(TorchDispatchMode):
         elif op in ("fill_", "zero_"):
             value = args[1] if op == "fill_" and len(args) > 1 else 0
             digest = constant_digest("full", repr(value), (), shape, dtype)
-            expr = Constant(digest=digest, description=f"full({value})", shape=shape, dtype=dtype, site=site)
+            zero = isinstance(value, int | float | bool) and value == 0
+            expr = Constant(digest=digest, description=f"full({value})", shape=shape, dtype=dtype, site=site, zero=zero)
         elif op in _RANDOM_INPLACE:
             expr = Fresh(reason=f"random initialisation ({op})", shape=shape, dtype=dtype, site=site)
         elif op in ("mul_", "div_") and _scalar_factor(args[1]) is not None:
@@ -589,7 +591,8 @@ class ProvenanceTracker(TorchDispatchMode):
                 return Fresh(reason=f"uninitialised ({name})", shape=shape, dtype=dtype, site=site)
             attrs = _literal_attrs(args, kwargs)
             digest = constant_digest(name, attrs, (), shape, dtype)
-            return Constant(digest=digest, description=f"{name}{attrs}", shape=shape, dtype=dtype, site=site)
+            zero = _all_zeros(name, args, kwargs)
+            return Constant(digest=digest, description=f"{name}{attrs}", shape=shape, dtype=dtype, site=site, zero=zero)
         if name in _UNINITIALISED:
             return Fresh(reason=f"uninitialised ({name})", shape=shape, dtype=dtype, site=site)
         if name in _RANDOM:

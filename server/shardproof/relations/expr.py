@@ -42,6 +42,7 @@ class Constant(_Base):
 
     digest: str
     description: str = field(default="", compare=False)
+    zero: bool = field(default=False, compare=False)  # made as zeros (`zeros`, `full(0)`, `zero_()`)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -174,6 +174,8 @@ class Encoder(FactoredTerms, CollectiveLowering, MovementTwins):
             name = self.let(self._fresh("param"), f"(Param {_q(expr.name)})", meta)
         elif isinstance(expr, px.Constant):
             name = self.let(self._fresh("const"), f"(Const {_q(expr.digest)})", meta)
+            if getattr(expr, "zero", False):  # (a capture stored before the field: not known)
+                self.sums.add_zero(self.same_as(name))
         elif isinstance(expr, px.Fresh | px.Opaque):
             return self.let(self._fresh("leaf"), f"(Leaf {_q(leaf_name)})", meta)
         elif isinstance(expr, px.SliceOf):
@@ -321,6 +323,8 @@ class Encoder(FactoredTerms, CollectiveLowering, MovementTwins):
             self.commands.append(f"(union {name} (Const {_q(folded)}))")
         if node.op == "binary" and node.attrs["fn"] == "add":
             self._additive_mask(graph, node, name)
+        if node.op == "binary" and node.attrs["fn"] in ("add", "sub"):
+            self._plus_zeros(graph, node, name)
         if node.op == "fill" and len(node.inputs) > 1:
             self._fill_of_nothing(graph, node, name)
 
@@ -340,6 +344,20 @@ class Encoder(FactoredTerms, CollectiveLowering, MovementTwins):
         source = self.term(graph, node.inputs[0])
         if mask is not None and mask.attrs.get("sets_nothing") and self.meta_of[source].shape == node.meta.shape:
             self.commands.append(f"(union {name} {source})")
+
+    def _plus_zeros(self, graph: Graph, node: Node, name: str) -> None:
+        """x + 0 and x - 0 are x for every x (a bias made as zeros, broadcast): stated when x has
+        the result's shape and dtype. Only constants made as zeros count (SumForms.zeros)."""
+        operands = [self.term(graph, value) for value in node.inputs]
+        if len(operands) != 2:
+            return
+        zero_at = [i for i, operand in enumerate(operands) if self.same_as(operand) in self.sums.zeros]
+        for i in zero_at:
+            if i == 0 and node.attrs["fn"] == "sub":
+                continue  # 0 - x is -x
+            kept = operands[1 - i]
+            if kept in self.meta_of and self.meta_of[kept] == node.meta:
+                self.commands.append(f"(union {name} {kept})")
 
     def _additive_mask(self, graph: Graph, node: Node, name: str) -> None:
         """Scores plus a constant that is 0 or -inf everywhere (an additive causal mask, Meta's
