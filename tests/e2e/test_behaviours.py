@@ -85,6 +85,24 @@ def test_unsupported_op_is_inconclusive_and_says_which_op_and_where(tiny, sandbo
     assert reason.site.line == line_of(tiny_root / "tinymlp/model.py", "log_gamma(self.up(x))")
 
 
+def test_past_an_unsupported_op_outputs_that_differ_on_real_numbers_are_a_discrepancy(tiny, sandbox, tiny_root) -> None:
+    # the correct program stays inconclusive (its numbers agree); one whose numbers differ is a
+    # discrepancy the numbers alone show, at the op the rules do not follow
+    wrong = "tinymlp.parallel:parallel_lgamma_wrong_rows"
+    (outcome,) = run(tiny, "unsupported-op", sandbox, parallel=wrong).results
+    assert outcome.verdict == "discrepancy", outcome.summary
+    (found,) = outcome.discrepancies
+    assert found.kind == "not-equivalent" and found.details.get("unpinned")
+    assert found.message.startswith("the outputs differ from the reference's on real numbers")
+    assert "log_gamma" in found.message
+    assert (found.witness or {}).get("status") == "confirmed"
+    assert found.primary is not None
+    assert found.primary.line in (
+        line_of(tiny_root / "tinymlp/model.py", "log_gamma(self.up(x))"),
+        line_of(tiny_root / "tinymlp/parallel.py", "return log_gamma(F.linear"),
+    )
+
+
 def test_a_hit_bound_is_inconclusive_and_names_the_bound(tiny, sandbox) -> None:
     check = tiny.check("ok")
     (outcome,) = run(tiny, "ok", sandbox, [2], bounds=dataclasses.replace(check.bounds, iterations=1)).results

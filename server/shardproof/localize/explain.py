@@ -74,7 +74,8 @@ def explain(d: Discrepancy, check: str = "", world_sizes: list[int] | None = Non
         + (f" Ranks involved: {', '.join(str(r) for r in d.ranks)}." if d.ranks else ""),
         "",
     ]
-    lines += _code_sites(d, root, "where the fix belongs")
+    unpinned = "the first operation the rules do not follow"  # a difference only numbers show
+    lines += _code_sites(d, root, unpinned if d.details.get("unpinned") else "where the fix belongs")
     witness_lines = describe_witness(d.witness)
     if witness_lines:
         lines += [f"**Numeric witness.** {witness_lines[0].capitalize()}.", ""]

@@ -40,6 +40,12 @@ def settle(
     the program, a discrepancy when its witness (or a proof) shows it, else unproven (`note`: what
     the report adds on where and how it was found)."""
     if isinstance(finding, Unsupported):
+        differing = _numbers_past(finding, compared, witness)
+        if differing is not None:  # the rules stop, but real numbers show the outputs differ
+            result.verdict = "discrepancy"
+            result.discrepancies.append(differing)
+            result.summary = differing.message
+            return result
         result.verdict = "inconclusive"
         result.inconclusive.append(finding)
         result.summary = finding.message
@@ -56,6 +62,35 @@ def settle(
     result.unproven.append(unproven)
     result.summary = unproven.message
     return result
+
+
+def _numbers_past(
+    gap: Unsupported, compared: list[int], witness: Callable[[Discrepancy], dict[str, object]]
+) -> Discrepancy | None:
+    """Where the rules cannot follow the program (`gap`), the outputs compared on real numbers: a
+    discrepancy when they differ, shown by the numbers alone (the line to change is not pinned:
+    the report names the first operation the rules do not follow). None when they agree or the
+    numbers could not be run."""
+    if gap.reason != "unsupported-op":
+        return None
+    found = Discrepancy(
+        kind="not-equivalent",
+        message=(
+            "the outputs differ from the reference's on real numbers; where the mistake is was not found, "
+            f"because {gap.message}"
+        ),
+        primary=gap.site,
+        ranks=list(compared),
+        expected="every compared rank's outputs equal the reference's",
+        found="outputs that differ on real numbers (the witness)",
+        suggestion=(
+            f"look for the mistake in the computation up to and past the {gap.op} at this line; report the "
+            "pattern so a rule can cover it and pin the line"
+        ),
+    )
+    found.details["unpinned"] = True
+    found.witness = witness(found)
+    return found if shown(found) else None
 
 
 def proven_extent(reference: Graph, index: RelationIndex, ranks: list[int]) -> tuple[int, int]:
