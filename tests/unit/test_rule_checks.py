@@ -85,6 +85,7 @@ MUTANTS = [
     ("permute-then-broadcast-operand-left", " (<= m k)", ""),
     ("term-cover-in-sum-extend", "(psum Z p e f K)", "(psum Z p 0 f K)"),  # a contribution counted twice
     ("sum-of-term-cover", "(subcover S Z rest K K)", "(subcover S Z rest e K)"),  # a cover not yet whole
+    ("matmul-batch-broadcast-left", " (< (+ n d) 0)", ""),  # B has the dim: a selected index broadcasts back
 ]
 
 

@@ -899,6 +899,29 @@ def _(g: Gen) -> dict[str, Any]:
     return bindings | {"R": g.selection(bindings["A"].shape[-2])}
 
 
+def _broadcast_matmul(g: Gen, side: str, near: bool) -> dict[str, Any]:
+    """A [b1, b2, m, k] @ [k, n] (or [m, k] @ [b1, b2, k, n]), a batch dim of the 4-D operand
+    selected; the near miss gives the other operand that dim too, and selects one index of it,
+    which then broadcasts back to the whole dim."""
+    batch = [g.int(2, 3), g.int(2, 4)]
+    m, k, n = g.int(2, 5), g.int(3, 6), g.int(2, 5)
+    d = g.pick((-3, -4))
+    other_batch = batch if near else []
+    if side == "A":
+        bindings = {"A": g.tensor(*batch, m, k), "B": g.tensor(*other_batch, k, n)}
+    else:
+        bindings = {"A": g.tensor(*other_batch, m, k), "B": g.tensor(*batch, k, n)}
+    size = batch[len(batch) + 2 + d]
+    if near:
+        start = g.int(0, size - 1)
+        return bindings | {"d": d, "R": range_list([(start, start + 1)])}
+    return bindings | {"d": d, "R": g.selection(size)}
+
+
+instance_and_near_miss("matmul-batch-broadcast-left", lambda g, near: _broadcast_matmul(g, "A", near))
+instance_and_near_miss("matmul-batch-broadcast-right", lambda g, near: _broadcast_matmul(g, "B", near))
+
+
 @instance("matmul-columns")
 def _(g: Gen) -> dict[str, Any]:
     bindings = _matmul(g)

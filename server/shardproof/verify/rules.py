@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "51"
+RULE_LIBRARY_VERSION = "52"
 
 
 @dataclass(frozen=True)
@@ -460,6 +460,18 @@ _rule(
     "columns of B map to columns of A @ B",
     "(rule ((= Y (Matmul A B)) (= y (Matmul A b)) (sel B b -1 R)) ((sel Y y -1 R)))",
 )
+for _name, _side, _sliced, _whole in (
+    ("matmul-batch-broadcast-left", "A", "(= y (Matmul a B)) (sel A a d R)", "B"),
+    ("matmul-batch-broadcast-right", "B", "(= y (Matmul A b)) (sel B b d R)", "A"),
+):
+    _rule(
+        _name,
+        "matmul",
+        f"a selection of a batch dim of {_side} is that selection of A @ B when the other operand lacks the "
+        "dim (broadcast over it: a routing tensor [experts, 1, tokens] sliced per rank, times the tokens "
+        "[tokens, hidden])",
+        f"(rule ((= Y (Matmul A B)) {_sliced} (< d -2) (= n (nd {_whole})) (< (+ n d) 0)) ((sel Y y d R)))",
+    )
 for _name, _side, _window, _selected in (
     ("matmul-batch-window-right", "right", "B b", "A a"),
     ("matmul-batch-window-left", "left", "A a", "B b"),
