@@ -38,3 +38,36 @@ class TokenScatteredAttention(nn.Module):
 
 def token_reduce_scatter_avg(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
     return TokenScatteredAttention(ref, rank, world_size)
+
+
+def _own_sequence_block(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's positions of a [batch, seq, hidden] value (a hand-written reduce-scatter's
+    second half, after an all-reduce)."""
+    per_rank = full.shape[1] // world_size
+    return full.narrow(1, rank, per_rank)
+
+
+class SequenceBlockMLP(nn.Module):
+    """A tensor-parallel MLP whose row-parallel sums are all-reduced, each rank keeping its block
+    of the positions (a reduce-scatter written by hand), the bias added to it, and the positions
+    all-gathered back in rank order."""
+
+    def __init__(self, ref: nn.Module, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.rank, self.world_size = rank, world_size
+        self.up_w = nn.Parameter(ref.up.weight.chunk(world_size, dim=0)[rank].clone())
+        self.up_b = nn.Parameter(ref.up.bias.chunk(world_size, dim=0)[rank].clone())
+        self.down_w = nn.Parameter(ref.down.weight.chunk(world_size, dim=1)[rank].clone())
+        self.down_b = nn.Parameter(ref.down.bias.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = F.linear(F.gelu(F.linear(x, self.up_w, self.up_b)), self.down_w)
+        dist.all_reduce(partial)
+        mine = _own_sequence_block(partial, self.rank, self.world_size) + self.down_b
+        pieces = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(pieces, mine.contiguous())
+        return torch.cat(pieces, dim=1)
+
+
+def sequence_block_offset(ref: nn.Module, rank: int, world_size: int) -> nn.Module:
+    return SequenceBlockMLP(ref, rank, world_size)
