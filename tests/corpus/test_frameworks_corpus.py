@@ -33,12 +33,6 @@ KNOWN_GAPS: dict[str, str] = {
         "through the view that splits the slots and the per-expert selection of a batched weight (the "
         "exchange itself is read: a view of the expert's slots concatenated over the ranks)"
     ),
-    "zeroed-row-parallel-bias-addmm": (
-        "the linears written as GPT-2's Conv1D (`addmm` of the bias, the tokens flattened to rows and a "
-        "weight stored [in, out], a rank's block of the reference's transposed weight): no rule meets "
-        "the reference's `nn.Linear` over [batch, seq, hidden] in the flattened rows' matmul with the "
-        "permuted weight (the same program with `nn.Linear` layers, zeroed-row-parallel-bias, is verified)"
-    ),
     "vllm-fused-moe-tensor-parallel": (
         "each rank's gate and up blocks are concatenated into one stacked weight (w13), and the einsum is "
         "lowered as a matmul over the expert and intermediate dims merged by a view: the merged dim "

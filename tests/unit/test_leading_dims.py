@@ -46,6 +46,8 @@ _PROGRAMS = [
     ("broadcast", lambda x, y: x.view(-1, 4) - y.view(-1, 1), [(2, 3, 4), (2, 3)]),
     ("whole sequences", lambda x: (x.reshape(-1, 4)[3:6] * 2.0).exp(), [(2, 3, 4)]),
     ("part of a sequence", lambda x: x.reshape(-1, 4)[4:6].relu(), [(2, 3, 4)]),
+    # GPT-2's Conv1D: the bias added to the rows' product with a [in, out] weight, viewed back
+    ("conv1d rows", lambda x, w, b: torch.addmm(b, x.view(-1, 4), w).view(2, 3, 5), [(2, 3, 4), (4, 5), (5,)]),
 ]
 
 
@@ -74,6 +76,16 @@ def test_a_twin_is_read_only_by_twins() -> None:
     added = {n.id for n in graph.nodes if ".unflat" in n.id}
     assert added and all(set(n.inputs) & added == set() for n in graph.nodes if n.id not in added)
     assert not set(graph.outputs) & added
+
+
+def test_a_product_with_a_flattened_matrix_is_left_as_written() -> None:
+    # the matrix is itself a value flattened over its lead dims: only a plain matrix is twinned
+    graph = traced(lambda x, z: x.view(-1, 4) @ z.view(-1, 5), (2, 3, 4), (2, 2, 5))
+    assert not [n for n in graph.nodes if n.op == "matmul" and n.id.endswith(".unflat")]
+    # a matrix computed from the rows is still one matrix for every row: twinned, and it holds
+    graph = traced(lambda x: x.view(-1, 4) @ x.view(-1, 4).t(), (2, 3, 4))
+    assert [n for n in graph.nodes if n.op == "matmul" and n.id.endswith(".unflat")]
+    assert _twins_hold(graph, [torch.randn(2, 3, 4, dtype=torch.float64)]) == len(graph.view_twins)
 
 
 def test_an_operation_across_the_merged_dim_has_no_twin() -> None:

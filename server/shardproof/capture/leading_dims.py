@@ -48,6 +48,7 @@ _ATTRIBUTES: dict[str, set[str]] = {
     "softmax": {"dim"},
     "log_softmax": {"dim"},
     "linear": set(),
+    "matmul": set(),
     "permute": {"perm"},
     "slice": {"dim", "start", "end"},
     "view": {"shape"},
@@ -170,6 +171,13 @@ class _Pass:
             if in_ndim < 2 or weight is None or weight in self.flat:
                 return None
             return [source, weight], attrs
+        if op == "matmul":
+            # rows @ W for a matrix W: (*lead, k) @ (k, n) is the same product at every position
+            # (GPT-2's Conv1D: `addmm` on the tokens flattened to rows)
+            matrix = node.inputs[1] if len(node.inputs) == 2 else None
+            if in_ndim != 2 or matrix is None or matrix in self.flat or self.metas[matrix].ndim != 2:
+                return None
+            return [source, matrix], attrs
         if op == "permute":
             perm = [p % in_ndim for p in attrs["perm"]]
             if perm[0] != 0:
