@@ -93,6 +93,14 @@ class Discrepancy:
             anchor = self.primary.short() if self.primary else ""
             self.id = hashlib.sha256(f"{self.kind}|{anchor}|{self.reference_node}".encode()).hexdigest()[:12]
 
+    @property
+    def primary_role(self) -> str:
+        """What the primary site is: where the fix belongs, or, for a difference only real numbers
+        show (`details["unpinned"]`), the first operation the rules do not follow."""
+        if self.details.get("unpinned"):
+            return "the first operation the rules do not follow"
+        return "where the fix belongs"
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         return data

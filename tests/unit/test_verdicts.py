@@ -131,6 +131,13 @@ def test_witness_lines_say_how_hard_it_tried() -> None:
     assert lines[0].startswith("confirmed numerically (full configuration, float64, random weights (seed 1), token ids")
     assert lines[1] == "output 0: max abs error 3.9, relative 1.01 (every rank holds it in full)"
     assert describe({"status": "not-run", "reason": "too large"}) == ["not run: too large"]
+    # outputs that agree while the localized module's values differ: reported, not a difference
+    inside = {"where": "mlp.down", "max_abs": 0.5, "max_rel": 0.1, "note": "as partial sums over the ranks"}
+    assert describe(AGREE | {"at_module": inside | {"differs": True}})[1] == (
+        "at module mlp.down the values differ (max abs error 0.5, relative 0.1 (as partial sums over the ranks)), "
+        "which the outputs make up for"
+    )
+    assert len(describe(AGREE | {"at_module": inside | {"differs": False}})) == 1
 
 
 def test_text_report_marks_each_verdict_and_colours_it_on_request() -> None:

@@ -523,7 +523,7 @@ class ProvenanceTracker(TorchDispatchMode):
         elif op in ("fill_", "zero_"):
             value = args[1] if op == "fill_" and len(args) > 1 else 0
             digest = constant_digest("full", repr(value), (), shape, dtype)
-            zero = isinstance(value, int | float | bool) and value == 0
+            zero = _all_zeros("full", (shape, value), {})  # as the factory `full(shape, value)` would be
             expr = Constant(digest=digest, description=f"full({value})", shape=shape, dtype=dtype, site=site, zero=zero)
         elif op in _RANDOM_INPLACE:
             expr = Fresh(reason=f"random initialisation ({op})", shape=shape, dtype=dtype, site=site)

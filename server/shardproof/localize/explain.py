@@ -74,8 +74,7 @@ def explain(d: Discrepancy, check: str = "", world_sizes: list[int] | None = Non
         + (f" Ranks involved: {', '.join(str(r) for r in d.ranks)}." if d.ranks else ""),
         "",
     ]
-    unpinned = "the first operation the rules do not follow"  # a difference only numbers show
-    lines += _code_sites(d, root, unpinned if d.details.get("unpinned") else "where the fix belongs")
+    lines += _code_sites(d, root, d.primary_role)
     witness_lines = describe_witness(d.witness)
     if witness_lines:
         lines += [f"**Numeric witness.** {witness_lines[0].capitalize()}.", ""]

@@ -59,17 +59,12 @@ def _excerpt(site: Site, indent: str) -> list[str]:
     return out
 
 
-UNPINNED = "the first operation the rules do not follow"
-
-
 def _discrepancy(d: Discrepancy, root: Path | None, shown: bool = True) -> list[str]:
     """A shown discrepancy (kind, where the fix belongs), or an unproven finding (the first value
     without a relation, the rules' guess, what to do)."""
     lines = [f"    [{d.kind}] {d.message}" if shown else f"    {d.message}"]
     if d.primary:
-        where = "the first value without a proven relation"
-        if shown:  # a difference the numbers alone show has no line pinned: where the rules stopped
-            where = UNPINNED if d.details.get("unpinned") else "where the fix belongs"
+        where = d.primary_role if shown else "the first value without a proven relation"
         lines.append(f"      at {_location(d.primary, root)}  ({where})")
         lines.extend(_excerpt(d.primary, "      "))
     if d.reference:

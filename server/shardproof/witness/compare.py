@@ -99,7 +99,10 @@ class NumericComparison:
                 return [finite(v) for v in value]
             return value
 
-        return finite(asdict(self))
+        data = finite(asdict(self))
+        if self.at_module is not None:  # for the report, which reads it without torch (describe.py)
+            data["at_module"]["differs"] = self.at_module.differs
+        return data
 
 
 def difference(

@@ -40,16 +40,12 @@ def describe(data: dict[str, Any] | None) -> list[str]:
         gradients = any(str(o.get("where", "")).startswith("gradient") for o in data.get("outputs", []))
         what = "outputs and gradients" if gradients else "outputs"
         inside = data.get("at_module") or {}
-        tolerance = inside.get("tolerance", data.get("tolerance", 1e-6))
-        differs_inside = inside.get("comparable", True) and (
-            inside.get("max_rel") is None or inside.get("max_rel", 0.0) > tolerance
-        )
         return [
             f"no difference found: the {what} agree within {data.get('tolerance', 1e-6):g} (relative) on "
             f"{trials_summary(data)}; {data.get('seconds', 0.0):.2f} s",
             *(
                 [f"at module {inside['where']} the values differ ({_error(inside)}), which the outputs make up for"]
-                if inside and differs_inside
+                if inside.get("differs")
                 else []
             ),
             *notes,
