@@ -25,11 +25,22 @@ def test_a_values_shape_facts_are_one_fact_and_a_union_a_stated_one() -> None:
         "(set (sz $y -1) 4)",
     ]
     assert statements.compact(commands) == [
-        '(let $x (Input "x"))',
-        "(shape3 $x 2 16 64)",
-        '(union-stated $x (Const "c"))',
-        "(set (nd $y) 2)",
-        "(set (sz $y -1) 4)",
+        '(set (named "x") (Input "x"))',
+        '(shape3 (named "x") 2 16 64)',
+        '(union-stated (named "x") (Const "c"))',
+        '(set (nd (named "y")) 2)',
+        '(set (sz (named "y") -1) 4)',
+    ]
+
+
+def test_names_are_rows_of_one_table_and_labels_stay_as_written() -> None:
+    """egglog 13.2 makes every command slower with every global: a name is a row, not a `let`;
+    a string literal is a label, whatever it holds."""
+    commands = ['(let $a_1 (Input "$b (x)"))', '(let $c (Bin "add" $a_1 $a_1))', '(node $c "rank0/$a_1")']
+    assert statements.compact(commands) == [
+        '(set (named "a_1") (Input "$b (x)"))',
+        '(set (named "c") (Bin "add" (named "a_1") (named "a_1")))',
+        '(node (named "c") "rank0/$a_1")',
     ]
 
 

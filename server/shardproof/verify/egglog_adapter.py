@@ -72,9 +72,9 @@ class EGraph:
         report = outputs[-1].report
         return RunOutcome(bool(report.updated), time.perf_counter() - start, dict(report.num_matches_per_rule))
 
-    def total_rows(self) -> int:
+    def total_rows(self, excluding: frozenset[str] = frozenset()) -> int:
         outputs = self.run_text("(print-size)")
-        return sum(size for _, size in outputs[-1].sizes)
+        return sum(size for name, size in outputs[-1].sizes if name not in excluding)
 
     def function_rows(self) -> dict[str, FrozenRows]:
         frozen = self._egraph.freeze()
