@@ -71,6 +71,7 @@ from .detectors.wrong_constant import wrong_constant
 from .evidence import Evidence
 from .number_origin import relocated
 from .stages import missing_layers
+from .stray_operand import cut_otherwise, misapplied
 from .wording import describe_op
 
 PROGRAM_DETECTORS = [
@@ -150,9 +151,14 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
         first = first or (ctx.ref_nodes[node_id], rank)
     assert fallback is not None and first is not None
     if isinstance(fallback, Discrepancy):
-        # no detector names a line: the first of the rank's values that reads what is related to
-        # the broken value's inputs and is not related itself is where its computation departs
-        # from the reference's (an exchange, a regrouping)
+        # no detector names a line: the reference's operation applied to another operand is where
+        # the stray value is made (stray_operand.py)
+        stray = misapplied(ctx, *first)
+        if stray is not None:
+            return _misapplied(ctx, fallback, first[0], first[1], stray)
+        # else the first of the rank's values that reads what is related to the broken value's
+        # inputs and is not related itself is where its computation departs from the
+        # reference's (an exchange, a regrouping)
         departure = ctx.departure(*first)
         if departure is None:
             # the rank reads the broken value's inputs only on its way to values it shares with the
@@ -165,7 +171,21 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
                 departure = ctx.departure(consumer, first[1], ahead={n.id for n in later[i:]})
                 if departure is not None:
                     break
-        if departure is not None:
+        cut = cut_otherwise(ctx, first[0], first[1], departure) if departure is not None else None
+        if cut is not None:
+            # what the departing operation reads is cut from the broken value's source, otherwise
+            fallback.primary = ctx.rank_site(cut, "the rank's cut of a value the reference cuts otherwise")
+            fallback.parallel_nodes = [f"rank{first[1]}/{cut.id}"]
+            source, taken = ctx.ref_value_name(first[0].inputs[0]), describe_op(first[0])
+            at = ctx.ref_site(first[0])
+            taken += f" at {at.short()}" if at is not None else ""
+            fallback.message = (
+                f"rank {first[1]} cuts {source} otherwise than the reference's {taken}, and uses its cut where "
+                "the reference uses that one"
+            )
+            fallback.expected = f"the part of {source} the reference's {taken} holds"
+            fallback.found = "another part of it (the rank's cut)"
+        elif departure is not None:
             fallback.primary = ctx.rank_site(departure, "the rank's computation departs from the reference's here")
             fallback.parallel_nodes = fallback.parallel_nodes or [f"rank{first[1]}/{departure.id}"]
             if ctx.other_op_on_same_values(first[0], first[1], departure):
@@ -175,6 +195,26 @@ def _explain(ctx: Context, failing_outputs: list[int]) -> Discrepancy | Unsuppor
                 )
                 fallback.expected, fallback.found = ref_op, rank_op
     return fallback
+
+
+def _misapplied(ctx: Context, found: Discrepancy, ref_node: Node, rank: int, stray: Node) -> Discrepancy:
+    """`found` at the rank's `stray` operation: the reference's operation on another operand."""
+    position, ref_value, value = next(
+        (k, ref_value, value)
+        for k, (ref_value, value) in enumerate(zip(ref_node.inputs, stray.inputs, strict=True))
+        if not ctx.relations_between(ref_value, rank, value)
+    )
+    held = ctx.index.relations_of_rank_value(rank, value)
+    read, expected = ctx.ref_value_names(held[0][1][0], ref_value)
+    op = describe_op(ref_node)
+    found.primary = ctx.rank_site(stray, f"the {op} applied to another value")
+    found.parallel_nodes = [f"rank{rank}/{stray.id}"]
+    found.details["culprit"] = f"rank{rank}/{stray.id}"
+    found.message = (
+        f"rank {rank} applies the {op} to {read} (input {position}) where the reference applies it to {expected}"
+    )
+    found.expected, found.found = f"the {op} of {expected}", f"the {op} of {read}"
+    return found
 
 
 def _outputs_shaped_alike(ctx: Context, failing_outputs: list[int]) -> bool:

@@ -8,7 +8,7 @@ from ...results import Discrepancy, Site
 from ..context import Context
 from ..number_origin import moved_to, number_origin
 from ..sites import pick_frame, to_site
-from .masks import mask_interval, output_mask_interval
+from .masks import mask_interval, output_mask, output_mask_interval
 
 
 def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | None:
@@ -37,9 +37,20 @@ def embedding_mask(ctx: Context, ref_node: Node, rank: int) -> Discrepancy | Non
             )
         if offset is not None and offset != start:
             problems.append(f"local ids are shifted by {offset} instead of {start}")
+        culprit = mask_node if kept != (start, end) else ids
+        zeroed = output_mask(ctx, rank, node) if not problems else None
+        if zeroed is not None and (zeroed[0] != (start, end) or not zeroed[1]):
+            # the ids are masked right, the lookups are zeroed otherwise: the output mask is the line
+            interval, keeps, culprit = zeroed
+            held = f"[{interval[0]}:{interval[1]}]"
+            problems.append(
+                f"the lookups of the ids {held} are kept and the others zeroed, but this rank holds embedding "
+                f"rows [{start}:{end}]"
+                if keeps
+                else f"the lookups of the ids {held} this rank holds are zeroed and the others kept"
+            )
         if not problems:
             continue
-        culprit = mask_node if kept != (start, end) else ids
         primary = ctx.rank_site(culprit) if culprit else ctx.rank_site(node)
         rows_wrong = kept[0] != start and offset == kept[0]
         if rows_wrong:

@@ -55,6 +55,36 @@ def output_mask_interval(
     return None, offset, None
 
 
+def output_mask(ctx: Context, rank: int, lookup: Node) -> tuple[tuple[int, int], bool, Node] | None:
+    """For a lookup zeroed after it by a mask of the ids (`fill`, `where`; unsqueezed, negated):
+    (the interval of ids the mask is about, whether the lookup is kept there (False: zeroed there
+    and kept everywhere else, an inverted mask), the node to change: the negation, else the
+    zeroing). None when no such mask is read."""
+    nodes = ctx.rank_nodes[rank]
+    for consumer_id in ctx.rank_consumers[rank].get(lookup.id, []):
+        consumer = nodes[consumer_id]
+        if consumer.op == "fill" and consumer.inputs[0] == lookup.id:
+            mask, keeps = nodes.get(consumer.inputs[1]), False
+        elif consumer.op == "where" and len(consumer.inputs) == 3 and lookup.id in consumer.inputs[1:]:
+            mask, keeps = nodes.get(consumer.inputs[0]), consumer.inputs[1] == lookup.id
+        else:
+            continue
+        negation: Node | None = None
+        while mask is not None and mask.inputs and (mask.op == "view" or _negates(mask)):
+            if _negates(mask):
+                keeps, negation = not keeps, negation or mask
+            mask = nodes.get(mask.inputs[0])
+        for kept_there in (keeps, not keeps):
+            interval, _ = _interval(nodes, mask, kept_there, None)
+            if interval is not None:
+                return interval, kept_there == keeps, negation or consumer
+    return None
+
+
+def _negates(node: Node) -> bool:
+    return node.op == "unary" and node.attrs.get("fn") in ("logical_not", "bitwise_not")
+
+
 def _clamped_shift(nodes: dict[str, Node], ids: Node | None) -> int | None:
     """c of `(ids - c)` clamped (a minimum and a maximum by literals, in either order)."""
     bounded = 0
