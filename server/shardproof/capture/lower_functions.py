@@ -100,6 +100,27 @@ class FunctionLowering:
 
     op__log_softmax = op_log_softmax
 
+    def op_argmax(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        return self._index_of_extreme(fx, "argmax", args, kwargs, meta)
+
+    def op_argmin(self, fx: torch.fx.Node, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta) -> bool:
+        return self._index_of_extreme(fx, "argmin", args, kwargs, meta)
+
+    def _index_of_extreme(
+        self, fx: torch.fx.Node, fn: str, args: list[Any], kwargs: dict[str, Any], meta: TensorMeta
+    ) -> bool:
+        """argmax / argmin along one dim: a reduction of each fiber along it to the position of
+        its extreme (the first one), so a selection of any other dim commutes with it, as with
+        every reduction. Along no dim (the flattened value's position) it stays torch's."""
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if dim is None:
+            return False
+        source = self.value(args[0])
+        keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+        attrs = {"fn": fn, "dim": norm_dim(dim, self.meta(source).ndim), "keepdim": keepdim}
+        self.add(fx, "reduce", [source], attrs, meta)
+        return True
+
     # -- ops along one dim, clamp -------------------------------------------------------------
     def along(
         self,

@@ -398,11 +398,11 @@ class _Builder(MovementLowering, ContractionLowering, IndexingLowering, Function
         ids = []
         for i, out in enumerate(outputs):
             out_meta = _meta_of(out)
-            if out_meta is not None and i == 0 and name in ("max", "min") and len(args) > 1:
-                # max(x, dim)[0] is amax(x, dim): the values, whatever happens to the indices
+            if out_meta is not None and i < 2 and name in ("max", "min") and len(args) > 1:
+                # max(x, dim) is (amax(x, dim), argmax(x, dim)): the values and their indices
                 dim = norm_dim(args[1], self.meta(self.value(args[0])).ndim)
                 keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
-                attrs = {"fn": "a" + name, "dim": dim, "keepdim": keepdim}
+                attrs = {"fn": ("a", "arg")[i] + name, "dim": dim, "keepdim": keepdim}
                 ids.append(self.add(fx, "reduce", [self.value(args[0])], attrs, out_meta, suffix=f".{i}"))
                 continue
             ids.append(

@@ -755,7 +755,7 @@ def _(g: Gen) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # reductions, normalisation, softmax
 # ---------------------------------------------------------------------------------------------
-_REDUCTION_NAMES = ("sum", "mean", "amax", "amin", "prod", "logsumexp")
+_REDUCTION_NAMES = ("sum", "mean", "amax", "amin", "prod", "logsumexp", "argmax", "argmin")
 
 
 def _reduced(g: Gen, relation: str, keepdim: int) -> dict[str, Any]:

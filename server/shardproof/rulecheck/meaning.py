@@ -200,6 +200,8 @@ _REDUCTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "amin": torch.amin,
     "prod": lambda x, dim, keepdim: torch.prod(x, dim=dim, keepdim=keepdim),
     "logsumexp": torch.logsumexp,
+    "argmax": lambda x, dim, keepdim: torch.argmax(x, dim=dim, keepdim=keepdim),
+    "argmin": lambda x, dim, keepdim: torch.argmin(x, dim=dim, keepdim=keepdim),
     "all": lambda x, dim, keepdim: torch.all(x, dim=dim, keepdim=keepdim),
     "any": lambda x, dim, keepdim: torch.any(x, dim=dim, keepdim=keepdim),
 }

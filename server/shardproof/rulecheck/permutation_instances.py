@@ -171,7 +171,7 @@ instance_and_near_miss("softmax-of-permute", _along_trailing)
 
 
 def _reduced_trailing(g: Gen, near: bool) -> dict[str, Any]:
-    return _along_trailing(g, near) | {"f": g.pick(("sum", "mean", "amax", "amin", "logsumexp"))}
+    return _along_trailing(g, near) | {"f": g.pick(("sum", "mean", "amax", "amin", "logsumexp", "argmax"))}
 
 
 instance_and_near_miss("reduction-of-permute", _reduced_trailing)
