@@ -39,14 +39,7 @@ def output_mask_interval(
     offset = _clamped_shift(nodes, nodes.get(lookup.inputs[1]))
     if offset is None:
         return None, None, None
-    for consumer_id in ctx.rank_consumers[rank].get(lookup.id, []):
-        consumer = nodes[consumer_id]
-        if consumer.op == "fill" and consumer.inputs[0] == lookup.id:
-            mask, keeps = nodes.get(consumer.inputs[1]), False
-        elif consumer.op == "where" and len(consumer.inputs) == 3 and lookup.id in consumer.inputs[1:]:
-            mask, keeps = nodes.get(consumer.inputs[0]), consumer.inputs[1] == lookup.id
-        else:
-            continue
+    for _, mask, keeps in _zeroings(ctx, rank, lookup):
         while mask is not None and mask.op == "view" and mask.inputs:  # unsqueezed over the hidden dim
             mask = nodes.get(mask.inputs[0])
         kept, culprit = _interval(nodes, mask, keeps, rows)
@@ -61,14 +54,7 @@ def output_mask(ctx: Context, rank: int, lookup: Node) -> tuple[tuple[int, int],
     and kept everywhere else, an inverted mask), the node to change: the negation, else the
     zeroing). None when no such mask is read."""
     nodes = ctx.rank_nodes[rank]
-    for consumer_id in ctx.rank_consumers[rank].get(lookup.id, []):
-        consumer = nodes[consumer_id]
-        if consumer.op == "fill" and consumer.inputs[0] == lookup.id:
-            mask, keeps = nodes.get(consumer.inputs[1]), False
-        elif consumer.op == "where" and len(consumer.inputs) == 3 and lookup.id in consumer.inputs[1:]:
-            mask, keeps = nodes.get(consumer.inputs[0]), consumer.inputs[1] == lookup.id
-        else:
-            continue
+    for consumer, mask, keeps in _zeroings(ctx, rank, lookup):
         negation: Node | None = None
         while mask is not None and mask.inputs and (mask.op == "view" or _negates(mask)):
             if _negates(mask):
@@ -79,6 +65,20 @@ def output_mask(ctx: Context, rank: int, lookup: Node) -> tuple[tuple[int, int],
             if interval is not None:
                 return interval, kept_there == keeps, negation or consumer
     return None
+
+
+def _zeroings(ctx: Context, rank: int, lookup: Node) -> list[tuple[Node, Node | None, bool]]:
+    """The lookup's consumers that zero it by a mask (`fill`, `where`): each with its mask and
+    whether the mask says where the lookup is kept (True) or zeroed (False)."""
+    nodes = ctx.rank_nodes[rank]
+    found = []
+    for consumer_id in ctx.rank_consumers[rank].get(lookup.id, []):
+        consumer = nodes[consumer_id]
+        if consumer.op == "fill" and consumer.inputs[0] == lookup.id:
+            found.append((consumer, nodes.get(consumer.inputs[1]), False))
+        elif consumer.op == "where" and len(consumer.inputs) == 3 and lookup.id in consumer.inputs[1:]:
+            found.append((consumer, nodes.get(consumer.inputs[0]), consumer.inputs[1] == lookup.id))
+    return found
 
 
 def _negates(node: Node) -> bool:
