@@ -15,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...graph.model import Node
-from ...results import Discrepancy
+from ...results import Discrepancy, Site
 from ...verify.relations_found import Relation
 from ..context import Context
+from ..passed_arguments import deciding_frame
+from ..sites import to_site
 from ..wording import describe_op
 
 # the reduction a partial relation's parts need, and how the user writes it
@@ -105,11 +107,18 @@ def _report(ctx: Context, rank: int, node: Node, used: str, parts: _Parts) -> Di
     collective = describe_op(node)
     result = "that value, each rank keeping its block" if node.op == "reduce_scatter" else name
     ref_node = ctx.ref_nodes.get(parts.ref_value)
+    primary = ctx.rank_site(node, "the reduction's operation")
+    related: list[Site] = []
+    # a helper reducing with the operation it is given: its caller chose the operation
+    deciding = deciding_frame(node.site, ctx.rank_frame(node), "op", 1)
+    if deciding is not None and (chosen := to_site(deciding, "the reduction's operation is chosen here")) is not None:
+        related, primary = [site for site in [primary] if site is not None], chosen
     return Discrepancy(
         kind="wrong-collective-op",
         message=f"this {collective} combines the ranks' {what} of {name_as_read} with "
         f"op={_SPELLED.get(used, used)}; only their {needed} is {result}",
-        primary=ctx.rank_site(node, "the reduction's operation"),
+        primary=primary,
+        related=related,
         reference=ctx.ref_site(ref_node, "the reference computes the full value here") if ref_node else None,
         ranks=list(coll.group),
         reference_node=parts.ref_value,
