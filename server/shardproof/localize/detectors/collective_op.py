@@ -26,6 +26,9 @@ from ..wording import describe_op
 _NEEDED = {"psum": "sum", "pmax": "max"}
 _SPELLED = {"sum": "SUM", "avg": "AVG", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
 _REDUCING = ("all_reduce", "reduce_scatter")
+# where torch.distributed's calls take the operation when it is passed by position:
+# all_reduce(tensor, op), reduce_scatter_tensor(output, input, op) / reduce_scatter(output, inputs, op)
+_OP_POSITION = {"all_reduce": 1, "reduce_scatter": 2}
 # (a `frac` output is a share of the value: an AVG of partial sums is the value over the group size)
 # ops whose every output entry is one input entry: they commute with any elementwise reduction
 _INDEX_MAPS = ("view", "permute", "slice", "expand")
@@ -110,7 +113,7 @@ def _report(ctx: Context, rank: int, node: Node, used: str, parts: _Parts) -> Di
     primary = ctx.rank_site(node, "the reduction's operation")
     related: list[Site] = []
     # a helper reducing with the operation it is given: its caller chose the operation
-    deciding = deciding_frame(node.site, ctx.rank_frame(node), "op", 1)
+    deciding = deciding_frame(node.site, ctx.rank_frame(node), "op", _OP_POSITION[node.op])
     if deciding is not None and (chosen := to_site(deciding, "the reduction's operation is chosen here")) is not None:
         related, primary = [site for site in [primary] if site is not None], chosen
     return Discrepancy(
