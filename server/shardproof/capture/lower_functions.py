@@ -111,14 +111,11 @@ class FunctionLowering:
     ) -> bool:
         """argmax / argmin along one dim: a reduction of each fiber along it to the position of
         its extreme (the first one), so a selection of any other dim commutes with it, as with
-        every reduction. Along no dim (the flattened value's position) it stays torch's."""
-        dim = args[1] if len(args) > 1 else kwargs.get("dim")
-        if dim is None:
+        every reduction (written by the normalizer's `reduction`). Along no dim (the flattened
+        value's position) it stays torch's."""
+        if (args[1] if len(args) > 1 else kwargs.get("dim")) is None:
             return False
-        source = self.value(args[0])
-        keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
-        attrs = {"fn": fn, "dim": norm_dim(dim, self.meta(source).ndim), "keepdim": keepdim}
-        self.add(fx, "reduce", [source], attrs, meta)
+        self.reduction(fx, fn, args, kwargs, meta)
         return True
 
     # -- ops along one dim, clamp -------------------------------------------------------------

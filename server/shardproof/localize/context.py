@@ -18,6 +18,10 @@ from .plans import Plans
 from .sites import Line, library_site, line_of, pick_frame, reference_lines, to_site
 from .wording import _LINEAR_OPS, _SUPPORTED, _fn, describe_op
 
+# ops whose every output entry is one input entry (a view, a permutation, a broadcast, a slice):
+# what they produce holds part of their input, element for element
+INDEX_MAPS = ("view", "permute", "expand", "slice")
+
 
 class Context(Blame, Pictures, Plans):
     """The evidence with its indexes (nodes, placeholders and consumers by value, per program), and
@@ -136,7 +140,7 @@ class Context(Blame, Pictures, Plans):
         if len(ref_node.inputs) == 1:
             for node in self.ev.ranks[rank].nodes:
                 reads_related = bool(node.inputs) and any(node.inputs[0] in s for s in related_inputs)
-                moves = node.op in ("view", "permute", "expand", "slice")
+                moves = node.op in INDEX_MAPS
                 if reads_related and moves and not self.is_related(rank, node.id):
                     return node
         return by_name

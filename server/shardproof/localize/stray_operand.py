@@ -20,12 +20,8 @@ of the relations say where it was *made*:
 from __future__ import annotations
 
 from ..graph.model import Node
-from .context import Context
+from .context import INDEX_MAPS, Context
 from .wording import _fn
-
-# operations that only select or rearrange elements: a value cut from another by these holds
-# part of it, element for element
-_CUTS = ("view", "permute", "expand", "slice")
 
 
 def misapplied(ctx: Context, ref_node: Node, rank: int) -> Node | None:
@@ -65,7 +61,7 @@ def cut_otherwise(ctx: Context, ref_node: Node, rank: int, departure: Node) -> N
                 continue
             read = departure.inputs[position]
             made = ctx.rank_node(rank, read)
-            if made is None or made.op not in _CUTS:
+            if made is None or made.op not in INDEX_MAPS:
                 continue
             related_to = {ref for _, refs in ctx.index.relations_of_rank_value(rank, read) for ref in refs}
             if related_to & sources:
@@ -77,7 +73,7 @@ def _cut_into(ctx: Context, ref_node: Node) -> set[str]:
     """`ref_node` and the reference values cut from it by cuts alone (its rows picked by a slice)."""
     pieces = {ref_node.id}
     for node in ctx.reference.nodes:
-        if node.op in _CUTS and node.inputs and node.inputs[0] in pieces:
+        if node.op in INDEX_MAPS and node.inputs and node.inputs[0] in pieces:
             pieces.add(node.id)
     return pieces
 
@@ -86,7 +82,7 @@ def _cut_from(ctx: Context, ref_node: Node) -> set[str]:
     """The reference values `ref_node` is cut from by cuts alone (its inputs, theirs, ...), when
     `ref_node` is itself a cut."""
     sources: set[str] = set()
-    frontier = [ref_node] if ref_node.op in _CUTS else []
+    frontier = [ref_node] if ref_node.op in INDEX_MAPS else []
     while frontier:
         node = frontier.pop()
         for value in node.inputs[:1]:  # a cut's data is its first input
@@ -94,6 +90,6 @@ def _cut_from(ctx: Context, ref_node: Node) -> set[str]:
                 continue
             sources.add(value)
             producer = ctx.ref_nodes.get(value)
-            if producer is not None and producer.op in _CUTS:
+            if producer is not None and producer.op in INDEX_MAPS:
                 frontier.append(producer)
     return sources

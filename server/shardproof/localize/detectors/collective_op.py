@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ...graph.model import Node
 from ...results import Discrepancy, Site
 from ...verify.relations_found import Relation
-from ..context import Context
+from ..context import INDEX_MAPS, Context
 from ..passed_arguments import deciding_frame
 from ..sites import to_site
 from ..wording import describe_op
@@ -30,8 +30,6 @@ _REDUCING = ("all_reduce", "reduce_scatter")
 # all_reduce(tensor, op), reduce_scatter_tensor(output, input, op) / reduce_scatter(output, inputs, op)
 _OP_POSITION = {"all_reduce": 1, "reduce_scatter": 2}
 # (a `frac` output is a share of the value: an AVG of partial sums is the value over the group size)
-# ops whose every output entry is one input entry: they commute with any elementwise reduction
-_INDEX_MAPS = ("view", "permute", "slice", "expand")
 _DEPTH = 8
 
 
@@ -79,7 +77,8 @@ def parts_of(ctx: Context, rank: int, value: str) -> _Parts | None:
         if relations:
             return None
         node = ctx.rank_node(rank, value)
-        if node is None or node.op not in _INDEX_MAPS or not node.inputs:
+        # an index map of parts commutes with any elementwise reduction over the ranks
+        if node is None or node.op not in INDEX_MAPS or not node.inputs:
             return None
         moved.append(node)
         value = node.inputs[0]
