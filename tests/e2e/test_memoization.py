@@ -555,3 +555,48 @@ def test_a_layer_the_ranks_compute_another_way_is_a_template_of_its_own(tmp_path
     result = verify_check(project.check("deep"), project, None, sandbox)
     assert [r.verdict for r in result.results] == ["verified", "verified"], [r.summary for r in result.results]
     assert all(r.stats["templates"] == 2 and r.stats["block_instances"] == 6 for r in result.results)
+
+
+def _canonical(graph) -> list[tuple]:
+    """A graph's operations with every value named by its position (placeholders by kind and
+    target): equal lists are the same program with the same source lines, whatever the names."""
+    names = {p.id: f"{p.kind}:{p.target}" for p in graph.placeholders}
+    seen = []
+    for position, node in enumerate(graph.nodes):
+        names[node.id] = f"%{position}"
+        # (this file's frames are the test's wrapper of the tracer, called around each trace)
+        frames = [(f.file, f.line) for f in node.site.frames if f.file != __file__] if node.site else []
+        inputs = tuple(names[i] for i in node.inputs)
+        seen.append((node.op, inputs, node.attrs, node.meta, node.module_path, node.collective, frames))
+    return [*seen, [names[o] for o in graph.outputs]]
+
+
+def test_lone_modules_traced_apart_read_as_the_program_traced_whole(monkeypatch: pytest.MonkeyPatch, sandbox) -> None:
+    # The ranks' vocabulary-parallel embeddings differ in their bounds, the rest of the skeleton
+    # does not: one skeleton is traced for every rank, each rank's embedding on its own, and the
+    # skeleton with the embedding, the final norm and the output layer put back is the one a
+    # whole trace gives (the same operations, values and source lines).
+    from shardproof.capture import blocks, memoized
+    from shardproof.capture.program import CheckCapture
+
+    monkeypatch.setenv("SHARDPROOF_JOBS", "1")
+    project = load_project(EXAMPLES / "llama")
+    stages: list[str] = []
+    export = memoized._export
+
+    def counting(module, inputs, stage, *rest):
+        stages.append(stage)
+        return export(module, inputs, stage, *rest)
+
+    monkeypatch.setattr(memoized, "_export", counting)
+    apart = memoized.capture_memoized(CheckCapture(project.check("llama-tp"), project), 4)
+    assert sum(s.endswith("(skeleton)") for s in stages) == 2  # the reference's and rank 0's
+    assert sum(s.endswith("(module tok_embeddings)") for s in stages) == 5  # each program's own
+    assert sum(s.endswith("(module output)") for s in stages) == 2  # equal records on every rank
+
+    monkeypatch.setattr(blocks, "lone_modules", lambda module, found: [])
+    stages.clear()
+    whole = memoized.capture_memoized(CheckCapture(project.check("llama-tp"), project), 4)
+    assert sum(s.endswith("(skeleton)") for s in stages) == 5  # the ranks' records differ
+    for one, other in zip([apart.reference, *apart.ranks], [whole.reference, *whole.ranks], strict=True):
+        assert _canonical(one.skeleton) == _canonical(other.skeleton)

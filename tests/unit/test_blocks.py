@@ -159,3 +159,69 @@ def test_a_block_not_memoized_leaves_the_skeleton_without_a_record() -> None:
     with torch.device("meta"):
         model = nn.Sequential(*(Block(i, "outside") for i in range(3)))
     assert blocks.record_program(model, (torch.zeros(2, 8, device="meta"),)).skeleton is None
+
+
+class ShardEmbedding(nn.Embedding):
+    """An embedding of the ids from `offset` on (a vocabulary shard)."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(16, 8)
+        self.offset = offset
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids - self.offset)
+
+
+class Embedded(nn.Module):
+    """Layers between an embedding and an output layer, which may share the embedding's weight."""
+
+    def __init__(self, offset: int = 0, tied: bool = False, norm_twice: bool = False) -> None:
+        super().__init__()
+        self.norm_twice = norm_twice
+        self.embed = ShardEmbedding(offset)
+        self.layers = nn.ModuleList([Sharded(3), Sharded(3)])
+        self.norm = nn.LayerNorm(8)
+        self.act = nn.ReLU()  # holds no tensor: stays in the skeleton
+        self.out = nn.Linear(8, 16, bias=False)
+        if tied:
+            self.out.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        x = self.norm(x)
+        if self.norm_twice:
+            x = self.norm(x)
+        return self.out(self.act(x))
+
+
+def _program(**options: object) -> blocks.ProgramRecord:
+    with torch.device("meta"):
+        model = Embedded(**options)  # type: ignore[arg-type]
+    return blocks.record_program(model, (torch.zeros(2, 4, dtype=torch.long, device="meta"),))
+
+
+def test_the_modules_beside_the_blocks_are_recorded_apart() -> None:
+    recorded = _program()
+    lone = {i.path: i for i in recorded.instances if i.lone}
+    assert sorted(lone) == ["embed", "norm", "out"]
+    assert all(i.memoizable and i.template == i.path for i in lone.values())
+    assert [i.path for i in recorded.instances if not i.lone] == ["layers.0", "layers.1"]
+
+
+def test_programs_that_differ_only_inside_a_lone_module_have_one_skeleton_record() -> None:
+    # a rank-dependent number inside the embedding (a vocabulary shard's offset) is the embedding's
+    # record, not the skeleton's: the ranks trace one skeleton and each its own embedding
+    first, second = _program(offset=0), _program(offset=8)
+    assert first.skeleton is not None and first.skeleton == second.skeleton
+    embed = [next(i for i in p.instances if i.path == "embed") for p in (first, second)]
+    assert embed[0].digest != embed[1].digest
+
+
+def test_a_lone_module_sharing_a_weight_or_called_twice_stays_in_the_skeleton() -> None:
+    tied = _program(tied=True)
+    assert sorted(i.path for i in tied.instances if i.lone) == ["norm"]  # tied weights: neither is apart
+    twice = _program(norm_twice=True)
+    norm = next(i for i in twice.instances if i.path == "norm")
+    assert not norm.memoizable and twice.skeleton is None  # its second call was the skeleton's

@@ -28,7 +28,12 @@ computations even when no size appears among the operations' arguments).
 The program outside its blocks is recorded the same way (its operations, each block call with the
 block's record, and every tensor the module holds by name and shape): ranks with equal skeleton
 records trace one skeleton (capture/memoized.py). A rank-dependent number outside the blocks (a
-vocabulary-parallel embedding's bounds) makes the ranks' records differ, and they trace their own.
+vocabulary-parallel embedding's bounds) would make the ranks' records differ; so the modules beside
+the blocks that hold tensors (an embedding, a final norm, an output layer: `lone_modules`) are
+recorded and traced apart, as templates are, and put back into the skeleton's graph
+(capture/inline.py): the skeleton's record holds their calls, not their operations, and ranks that
+differ only inside one of them trace one skeleton and each its own module (one per process where
+their records are equal too).
 
 Every instance runs. Its operations are cheap (meta_ops.py answers an operation from an earlier
 equal call), but its Python runs, and that is what makes the record a record: an instance is not
@@ -71,6 +76,10 @@ class BlockInstance:
     kwargs: dict[str, Any] = field(default_factory=dict)
     outputs: list[tuple[tuple[int, ...], torch.dtype]] = field(default_factory=list)
     output_spec: pytree.TreeSpec | None = None
+    # a module outside the repeated blocks, run once (see `lone_modules`): traced on its own and put
+    # back into the skeleton's graph (capture/inline.py), never a template of a verified unit
+    lone: bool = False
+    framed: list[bool] = field(default_factory=list)  # per open call: whether it has a frame of its own
 
     @property
     def key(self) -> str:
@@ -98,6 +107,42 @@ def repeated_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def lone_modules(module: nn.Module, blocks: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """(path, module) of the outermost modules beside the repeated blocks that hold tensors and no
+    block: an embedding, a final norm, an output layer. Each is traced on its own (its graph shared
+    by the ranks whose records of it are equal, as a template is) and put back into the skeleton,
+    so that ranks whose programs differ only inside one of them (a vocabulary-parallel embedding's
+    bounds) trace one skeleton between them. A module registered at two paths, or holding a tensor
+    that a module outside it holds too (tied weights), stays in the skeleton: its graph would name
+    the tensor otherwise than the program's."""
+    holders = {""}
+    for path, _ in blocks:
+        parts = path.split(".")
+        holders.update(".".join(parts[:end]) for end in range(1, len(parts)))
+    block_paths = {path for path, _ in blocks}
+    paths_of: dict[int, list[str]] = {}
+    for path, child in module.named_modules(remove_duplicate=False):
+        paths_of.setdefault(id(child), []).append(path)
+    owners: dict[int, set[str]] = {}
+    for name, tensor in [
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+        *tensor_attributes(module),
+    ]:
+        owners.setdefault(id(tensor), set()).add(name)
+    found = []
+    for path, child in module.named_modules():
+        if path in holders or path in block_paths or path.rpartition(".")[0] not in holders:
+            continue
+        if isinstance(child, nn.ModuleList | nn.ModuleDict) or len(paths_of[id(child)]) > 1:
+            continue
+        own = [*child.parameters(), *child.buffers(), *(t for _, t in tensor_attributes(child))]
+        prefix = path + "."
+        if own and all(all(name.startswith(prefix) for name in owners.get(id(t), ())) for t in own):
+            found.append((path, child))
+    return found
+
+
 class _Recorder(TorchDispatchMode):
     """Records the operations of the innermost block being run, and those of the program outside
     every block (the skeleton's record; see the module docstring)."""
@@ -112,6 +157,12 @@ class _Recorder(TorchDispatchMode):
         self._push(None, module, (inputs, {}))
 
     def open(self, instance: BlockInstance, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if instance.lone and (len(self.frames) != 1 or instance.digest):
+            # called from inside another frame, or again: its operations are recorded where it runs
+            instance.memoizable = False
+            instance.framed.append(False)
+            return
+        instance.framed.append(True)
         if self.frames:  # the call, as the frame around the block sees it
             outer = self.frames[-1]
             outer["lines"].append(f"call {instance.path} {self._describe(outer, pytree.tree_leaves((args, kwargs)))}")
@@ -144,9 +195,10 @@ class _Recorder(TorchDispatchMode):
         if frame["instance"] is not None:
             frame["instance"].memoizable = False
 
-    def close(self, output: Any) -> None:
+    def close(self, instance: BlockInstance, output: Any) -> None:
+        if instance.framed and not instance.framed.pop():
+            return
         frame = self.frames.pop()
-        instance: BlockInstance = frame["instance"]
         flat, spec = pytree.tree_flatten(output)
         results = [frame["names"].get(id(v), "?") for v in flat if isinstance(v, torch.Tensor)]
         frame["lines"].append(f"out {results}")
@@ -157,7 +209,9 @@ class _Recorder(TorchDispatchMode):
             instance.memoizable = False  # non-tensor results are not carried by the opaque op
         if self.frames:  # the frame around the block names its results by the call
             outer = self.frames[-1]
-            outer["lines"].append(f"returned {instance.path} {instance.digest} {instance.memoizable} {spec}")
+            # a lone module's own record is its graph's key, not the skeleton's (see `lone_modules`)
+            digest = "lone" if instance.lone else instance.digest
+            outer["lines"].append(f"returned {instance.path} {digest} {instance.memoizable} {spec}")
             for position, value in enumerate(v for v in flat if isinstance(v, torch.Tensor)):
                 outer["names"][id(value)] = f"call:{instance.path}:{position}"
                 outer["keep"].append(value)
@@ -331,14 +385,16 @@ class ProgramRecord:
 def record(module: nn.Module, inputs: tuple[Any, ...]) -> list[BlockInstance]:
     """Run the module once eagerly (on meta inputs) and record every repeated block's computation;
     instances with equal records share the first one's path as their template."""
-    return record_program(module, inputs).instances
+    return [i for i in record_program(module, inputs).instances if not i.lone]
 
 
 def record_program(module: nn.Module, inputs: tuple[Any, ...]) -> ProgramRecord:
     """`record`, and the record of the skeleton (see ProgramRecord)."""
-    instances = [BlockInstance(path, block) for path, block in repeated_blocks(module)]
-    if not instances:
+    blocks = repeated_blocks(module)
+    if not blocks:
         return ProgramRecord([], None)
+    instances = [BlockInstance(path, block) for path, block in blocks]
+    instances += [BlockInstance(path, part, lone=True) for path, part in lone_modules(module, blocks)]
     recorder = _Recorder()
     handles = []
     for instance in instances:
@@ -353,8 +409,8 @@ def record_program(module: nn.Module, inputs: tuple[Any, ...]) -> ProgramRecord:
                 instance.memoizable = False  # a template is traced with its tensors as positional inputs
             recorder.open(instance, args, kwargs)
 
-        def post(block: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-            recorder.close(output)
+        def post(block: nn.Module, args: Any, kwargs: Any, output: Any, instance: BlockInstance = instance) -> None:
+            recorder.close(instance, output)
 
         handles.append(instance.module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True))
         handles.append(instance.module.register_forward_hook(post, with_kwargs=True, always_call=True))
@@ -371,7 +427,8 @@ def record_program(module: nn.Module, inputs: tuple[Any, ...]) -> ProgramRecord:
         if not instance.digest:
             instance.memoizable = False  # never ran
         own = instance.path
-        instance.template = templates.setdefault(instance.digest, own) if instance.memoizable else own
+        shared = instance.memoizable and not instance.lone
+        instance.template = templates.setdefault(instance.digest, own) if shared else own
     if any(not instance.memoizable for instance in instances):
         skeleton = None
     return ProgramRecord(instances, skeleton)

@@ -29,6 +29,7 @@ from . import blocks, collector, dtensor
 from .capture_cache import CaptureCache
 from .fake_pg import fake_rank, group_ranks
 from .forked import in_own_fork, map_ranks
+from .inline import NotInlined, inline_calls
 from .libraries import library_shims
 from .normalize import to_graph
 from .program import (
@@ -58,6 +59,10 @@ class ProgramPieces:
     # each memoizable instance's parameters as they relate to the reference's (`_Forms`), computed
     # where the program was captured (in parallel with the other ranks), by instance path
     forms: dict[str, str] | None = None
+    # the skeleton as traced, every lone module an opaque call (blocks.lone_modules), and each lone
+    # module's record and graph by path: what the ranks forked after this one may share
+    glue: Graph | None = None
+    lone: dict[str, tuple[str, Graph]] = field(default_factory=dict)
 
     def without_modules(self) -> ProgramPieces:
         """The pieces with only what verification reads of the block instances (paths and
@@ -223,7 +228,7 @@ def _recorded(module: nn.Module, meta_inputs: tuple[Any, ...]) -> blocks.Program
         recorded = blocks.record_program(module, meta_inputs)
     except Exception as exc:  # noqa: BLE001 - the plain capture reports user errors at their line
         raise NotMemoizable(f"the eager run on meta tensors failed ({type(exc).__name__})") from None
-    memoized = [i for i in recorded.instances if i.memoizable]
+    memoized = [i for i in recorded.instances if i.memoizable and not i.lone]
     if not memoized or len({i.template for i in memoized}) == len(memoized):
         raise NotMemoizable("no block repeats")
     return recorded
@@ -249,15 +254,31 @@ def _traced(
     skeleton_key = (_SKELETON, recorded.skeleton or "")
     known_skeleton = (traced or {}).get(skeleton_key) if recorded.skeleton is not None else None
     if known_skeleton is not None:
-        skeleton = _same_template(known_skeleton, name, rank)
+        glue = _same_template(known_skeleton, name, rank)
     else:
         with blocks.opaque_blocks(module, memoized):
+            glue = to_graph(_export(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve)
+        if traced is not None and recorded.skeleton is not None and not _names_own_rank(glue):
+            traced[skeleton_key] = glue
+    lone: dict[str, tuple[str, Graph]] = {}
+    for instance in memoized:
+        if instance.lone:
+            known = (traced or {}).get((instance.path, instance.digest))
+            graph = known or to_graph(_export_block(instance, stage), name, rank, world_size, resolve)
+            if known is None and traced is not None and not _names_own_rank(graph):
+                traced[(instance.path, instance.digest)] = graph
+            lone[instance.path] = (instance.digest, graph)
+    try:
+        skeleton = inline_calls(glue, {f"{path}|{path}": graph for path, (_, graph) in lone.items()})
+    except NotInlined:
+        # the skeleton traced whole, as a program without lone modules is (shared by no rank)
+        blocks_only = [i for i in memoized if not i.lone]
+        with blocks.opaque_blocks(module, blocks_only):
             skeleton = to_graph(_export(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve)
-        if traced is not None and recorded.skeleton is not None and not _names_own_rank(skeleton):
-            traced[skeleton_key] = skeleton
+        glue, lone = None, {}
     templates: dict[str, Graph] = {}
     for instance in memoized:
-        if instance.template != instance.path or instance.path in templates:
+        if instance.lone or instance.template != instance.path or instance.path in templates:
             continue
         known = (traced or {}).get((instance.path, instance.digest))
         if known is not None:
@@ -267,7 +288,8 @@ def _traced(
         templates[instance.path] = graph
         if traced is not None and not _names_own_rank(graph):
             traced[(instance.path, instance.digest)] = graph
-    return ProgramPieces(skeleton, values, instances, templates, recorded.skeleton)
+    blocks_alone = [i for i in instances if not i.lone]
+    return ProgramPieces(skeleton, values, blocks_alone, templates, recorded.skeleton, glue=glue, lone=lone)
 
 
 def _remember(pieces: ProgramPieces, traced: dict[tuple[str, str], Graph]) -> None:
@@ -278,8 +300,11 @@ def _remember(pieces: ProgramPieces, traced: dict[tuple[str, str], Graph]) -> No
         own_template = instance.memoizable and instance.template == instance.path
         if own_template and graph is not None and not _names_own_rank(graph):
             traced.setdefault((instance.path, instance.digest), graph)
-    if pieces.skeleton_record is not None and not _names_own_rank(pieces.skeleton):
-        traced.setdefault((_SKELETON, pieces.skeleton_record), pieces.skeleton)
+    for path, (digest, graph) in pieces.lone.items():
+        if not _names_own_rank(graph):
+            traced.setdefault((path, digest), graph)
+    if pieces.skeleton_record is not None and pieces.glue is not None and not _names_own_rank(pieces.glue):
+        traced.setdefault((_SKELETON, pieces.skeleton_record), pieces.glue)
 
 
 _WORTH_A_FORK = 0.15  # seconds of building the reference that make a fork per rank pay
@@ -331,7 +356,8 @@ def _export_block(instance: blocks.BlockInstance, stage: str) -> torch.export.Ex
         def forward(self, *args: Any) -> Any:
             return self.block(*args, **instance.kwargs)
 
-    return _export(Call(), instance.args, f"{stage} (block {instance.path})")
+    kind = "module" if instance.lone else "block"
+    return _export(Call(), instance.args, f"{stage} ({kind} {instance.path})")
 
 
 def _within(values: dict[str, Expr], path: str) -> dict[str, Expr]:
