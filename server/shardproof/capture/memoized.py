@@ -12,7 +12,6 @@ here), because a template stands for all its instances.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -339,10 +338,10 @@ def _same_template(graph: Graph, name: str, rank: int | None) -> Graph:
     rank's: equal records are the same operations on the same literals, with collectives over the
     same groups (blocks.py), which is what a template stands for within one program too. What a
     graph says of its own rank beyond its record (the peer of a point-to-point call) rules the
-    graph out of being shared."""
-    shared = copy.deepcopy(graph)
-    shared.name, shared.rank = name, rank
-    return shared
+    graph out of being shared. The nodes are shared too: no stage changes a captured graph's
+    nodes in place (each makes new ones), and copying them took ~10 ms per graph."""
+    lists = {"nodes": list(graph.nodes), "placeholders": list(graph.placeholders), "outputs": list(graph.outputs)}
+    return replace(graph, name=name, rank=rank, **lists)
 
 
 def _export_block(instance: blocks.BlockInstance, stage: str) -> torch.export.ExportedProgram:
