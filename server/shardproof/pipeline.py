@@ -21,12 +21,13 @@ from .verify.cache import cached_result, result_key, store_result
 from .verify.cache import saturate as saturate_cached
 from .verify.cache import saturate_all as saturate_all_cached
 from .verify.encode import encode_unit
-from .verify.partition import Part, partition, partition_block, proven
+from .verify.partition import HALVE_FROM, Part, partition, partition_block, proven
 from .verify.relations_found import RelationIndex
 from .verify.sandbox import Job, Sandbox
 from .verify.verdict import output_relations
 
 if TYPE_CHECKING:
+    from .capture.memoized import TemplateUnit
     from .capture.program import CaptureResult, CheckCapture
     from .graph.model import Graph
     from .relations.expr import Expr
@@ -408,39 +409,15 @@ def verify_memoized(
         stats["templates_entered_sharded"] = len(sharded)
     progress(check.name, world_size, "verification")
     start = time.perf_counter()
-    units: list[Unit] = []
-    # per template, its units: the template whole, or its parts (cut at its sub-modules, like a
-    # large block of a world size, so that they saturate at once in smaller e-graphs)
-    template_parts: list[list[Part] | None] = []
-    for unit in captured.units:
-        assumed = block_contracts.with_assumed_inputs(unit.reference, unit.reference_values, unit.ranks, unit.contracts)
-        parts = partition_block(*assumed)
-        template_parts.append(parts)
-        if parts is None:
-            units.append(Unit(*assumed))
-        else:
-            # the parts' obligations read relations of values inside the block, not only outputs
-            units.extend(Unit(p.reference, p.reference_values, p.ranks, outputs_only=False) for p in parts)
-    units.append(Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws))
-    # only the units' outputs are read: anything else not proven is left to the plain run
-    proofs = prove_units(sandbox, check, units, outputs_only=True)
-    position = 0
-    for unit, parts in zip(captured.units, template_parts, strict=True):
-        own = proofs[position : position + (len(parts) if parts is not None else 1)]
-        position += len(own)
-        last = own[-1]  # the template whole, or its last part: the one holding its outputs
-        index = last.index
-        parts_proven = parts is None or all(
-            proof.index is not None and proven(part, proof.index) for part, proof in zip(parts, own, strict=True)
-        )
-        if not parts_proven or (
-            index is None
-            or not all(
-                block_contracts.guaranteed(contract, index, last.reference, rank)
-                for contract, rank in zip(unit.contracts, last.ranks, strict=True)
-            )
-        ):
-            return _not_proven(captured, unit, capture, check, world_size, sandbox, progress, seconds, stats, start)
+    skeleton = Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws)
+    # many ranks: the templates cut finer first (parts of half the ranks, see partition_block),
+    # then, where a finer cut's obligations are not all proven, as they are cut for fewer ranks
+    finer = any(len(unit.ranks) >= HALVE_FROM for unit in captured.units)
+    proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer)
+    if failed is not None and finer:
+        proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer=False)
+    if failed is not None:
+        return _not_proven(captured, failed, capture, check, world_size, sandbox, progress, seconds, stats, start)
     outputs = proofs[-1].outputs(check.outputs)
     if outputs is None:
         return _not_proven(captured, None, capture, check, world_size, sandbox, progress, seconds, stats, start)
@@ -458,6 +435,46 @@ def verify_memoized(
     return WorldSizeResult(
         world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats, notes=notes
     )
+
+
+def _prove_templates(
+    templates: list[TemplateUnit], skeleton: Unit, sandbox: Sandbox, check: Check, finer: bool
+) -> tuple[list[UnitProof], TemplateUnit | None]:
+    """Prove every template (`TemplateUnit`) and the skeleton at once; the proofs, and the first
+    template whose proof does not give what its contracts require (None: every one does)."""
+    units: list[Unit] = []
+    # per template, its units: the template whole, or its parts (cut at its sub-modules, like a
+    # large block of a world size, so that they saturate at once in smaller e-graphs)
+    template_parts: list[list[Part] | None] = []
+    for unit in templates:
+        assumed = block_contracts.with_assumed_inputs(unit.reference, unit.reference_values, unit.ranks, unit.contracts)
+        parts = partition_block(*assumed, finer=finer)
+        template_parts.append(parts)
+        if parts is None:
+            units.append(Unit(*assumed))
+        else:
+            # the parts' obligations read relations of values inside the block, not only outputs
+            units.extend(Unit(p.reference, p.reference_values, p.ranks, outputs_only=False) for p in parts)
+    # only the units' outputs are read: anything else not proven is left to the plain run
+    proofs = prove_units(sandbox, check, [*units, skeleton], outputs_only=True)
+    position = 0
+    for unit, parts in zip(templates, template_parts, strict=True):
+        own = proofs[position : position + (len(parts) if parts is not None else 1)]
+        position += len(own)
+        last = own[-1]  # the template whole, or its last part: the one holding its outputs
+        index = last.index
+        parts_proven = parts is None or all(
+            proof.index is not None and proven(part, proof.index) for part, proof in zip(parts, own, strict=True)
+        )
+        if not parts_proven or (
+            index is None
+            or not all(
+                block_contracts.guaranteed(contract, index, last.reference, rank)
+                for contract, rank in zip(unit.contracts, last.ranks, strict=True)
+            )
+        ):
+            return proofs, unit
+    return proofs, None
 
 
 def _not_proven(

@@ -600,3 +600,56 @@ def test_lone_modules_traced_apart_read_as_the_program_traced_whole(monkeypatch:
     assert sum(s.endswith("(skeleton)") for s in stages) == 5  # the ranks' records differ
     for one, other in zip([apart.reference, *apart.ranks], [whole.reference, *whole.ranks], strict=True):
         assert _canonical(one.skeleton) == _canonical(other.skeleton)
+
+
+def _recording_partitions(monkeypatch: pytest.MonkeyPatch, corrupt_finer: bool = False) -> list[tuple[bool, list]]:
+    """Halve parts from two ranks on (the example has four), and record each template's cut:
+    (finer, the ranks of each part). `corrupt_finer`: the finer cut's obligations are shifted by
+    one rank (they cannot be proven)."""
+    from shardproof import pipeline
+    from shardproof.verify import partition
+
+    monkeypatch.setattr(pipeline, "HALVE_FROM", 2)
+    monkeypatch.setattr(partition, "HALVE_FROM", 2)
+    seen: list[tuple[bool, list]] = []
+    original = partition.partition_block
+
+    def recording(*args, finer: bool = False):
+        parts = original(*args, finer=finer)
+        if finer and corrupt_finer and parts is not None:
+            for part in parts:
+                part.obligations = [
+                    partition.Obligation(o.reference, o.ranks, o.expected[1:] + o.expected[:1])
+                    for o in part.obligations
+                ]
+        seen.append((finer, [[graph.rank for graph, _ in part.ranks] for part in parts or []]))
+        return parts
+
+    monkeypatch.setattr(pipeline, "partition_block", recording)
+    return seen
+
+
+def test_a_template_among_many_ranks_is_proven_in_halves_of_the_ranks(monkeypatch: pytest.MonkeyPatch, sandbox) -> None:
+    # The attention's part before its output projection holds no collective: each rank's values
+    # there depend on its own inputs only, so half the ranks are proven in one e-graph and half in
+    # another (one per saturation child); the parts with collectives hold every rank.
+    seen = _recording_partitions(monkeypatch)
+    project = load_project(EXAMPLES / "llama")
+    (outcome,) = verify_check(project.check("llama-tp"), project, [4], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "verified", outcome.summary
+    assert [finer for finer, _ in seen] == [True]  # proven at the first, finer cut
+    (ranks,) = [cut for _, cut in seen]
+    assert [0, 1] in ranks and [2, 3] in ranks and [0, 1, 2, 3] in ranks, ranks
+
+
+def test_a_finer_cut_whose_obligations_fail_falls_back_to_the_coarser_cut(
+    monkeypatch: pytest.MonkeyPatch, sandbox
+) -> None:
+    # a finer cut states more obligations; where one is not proven, the template is proven as it
+    # is cut for fewer ranks, not left to the plain run
+    seen = _recording_partitions(monkeypatch, corrupt_finer=True)
+    project = load_project(EXAMPLES / "llama")
+    (outcome,) = verify_check(project.check("llama-tp"), project, [4], sandbox, numeric_witness=False).results
+    assert outcome.verdict == "verified", outcome.summary
+    assert [finer for finer, _ in seen] == [True, False]
+    assert outcome.stats["templates"] == 1  # still the memoized run

@@ -80,19 +80,55 @@ def partition(
 
 
 def partition_block(
-    reference: Graph, reference_values: dict[str, px.Expr], ranks: list[tuple[Graph, dict[str, px.Expr]]]
+    reference: Graph,
+    reference_values: dict[str, px.Expr],
+    ranks: list[tuple[Graph, dict[str, px.Expr]]],
+    finer: bool = False,
 ) -> list[Part] | None:
     """The parts of one block's programs (a memoized template, every node inside one module: the
     wrapper that called the block) cut at its sub-modules like a large block of a world size, or
-    None when it does not cut into several parts alike."""
+    None when it does not cut into several parts alike. `finer`: a part still large is cut once
+    more, a module level deeper (an attention at its output projection), and a part with no
+    collective among many ranks is proven in halves of the ranks (`_halves`). Finer parts make
+    smaller e-graphs that saturate at once, but state more obligations, each of which must hold:
+    the caller falls back to the coarser cut when they are not all proven."""
     programs = [(reference, reference_values), *ranks]
     cut = [_segments(graph.nodes, _outermost) for graph, _ in programs]
     if any(len(segments) != 1 or segments[0][0] is None for segments in cut):
         return None
     cut = _split_large_blocks(cut)
+    if finer:
+        cut = _split_large_blocks(cut, _one_level_deeper)
     if len(cut[0]) < 2:
         return None
-    return _parts(programs, cut)
+    parts = _parts(programs, cut)
+    if finer and parts is not None:
+        parts = [half for part in parts for half in _halves(part)]
+    return parts
+
+
+# A part with no collective and at least this many ranks is proven in two halves of the ranks
+HALVE_FROM = 16
+
+
+def _halves(part: Part) -> list[Part]:
+    """A part without collectives, whose ranks' values then depend on nothing of another rank, as
+    two parts of half the ranks each (with the reference): each rank's obligations are proven in
+    its half as in the whole. A part holding outputs or fewer than `HALVE_FROM` ranks stays whole."""
+    if part.final or len(part.ranks) < HALVE_FROM:
+        return [part]
+    if any(node.collective is not None for graph, _ in part.ranks for node in graph.nodes):
+        return [part]
+    middle = len(part.ranks) // 2
+    halves = []
+    for chosen in (range(middle), range(middle, len(part.ranks))):
+        obligations = [
+            Obligation(o.reference, tuple(o.ranks[r] for r in chosen), tuple(o.expected[r] for r in chosen))
+            for o in part.obligations
+        ]
+        ranks = [part.ranks[r] for r in chosen]
+        halves.append(Part(part.label, part.reference, part.reference_values, ranks, obligations))
+    return halves
 
 
 def _outermost(node: Node) -> str | None:
@@ -143,8 +179,10 @@ def _parts(programs: list[tuple[Graph, dict[str, px.Expr]]], cut: list[Segments]
 
 def proven(part: Part, index: RelationIndex) -> bool:
     """Whether the saturation of `part` proves every obligation of its crossing values."""
+    # (the part's ranks may be some of the world's: `_halves`)
+    ranks = [graph.rank if graph.rank is not None else position for position, (graph, _) in enumerate(part.ranks)]
     for obligation in part.obligations:
-        for rank, (value, expected) in enumerate(zip(obligation.ranks, obligation.expected, strict=True)):
+        for rank, value, expected in zip(ranks, obligation.ranks, obligation.expected, strict=True):
             relations = index.relations(obligation.reference, rank)
             if expected is None:
                 ok = any(rel.kind == "equal" and value in values for rel, values in relations)
@@ -162,17 +200,19 @@ def proven(part: Part, index: RelationIndex) -> bool:
 Segments = list[tuple[str | None, list[Node]]]
 
 
-def _split_large_blocks(cut: list[Segments]) -> list[Segments]:
+def _split_large_blocks(cut: list[Segments], by: Callable[[Node, str], str | None] | None = None) -> list[Segments]:
     """Cut every block of more than `SPLIT_ABOVE` reference nodes again at its sub-modules (the
     attention, the MLP): in tensor-parallel code their outputs come from a collective, whole or
     sequence-sharded, so they cross a cut like a block's output. Sub-modules of fewer than
     `SMALLEST_PART` reference nodes (a norm) join the next one. A block is split only when it
-    splits alike in every program."""
+    splits alike in every program. `by(node, label)`: the piece a node of the segment `label`
+    belongs to (default: the block's child it runs in)."""
+    key = by or (lambda node, block: _sub_module(node, block))
     refined: list[Segments] = [[] for _ in cut]
     for index, (label, nodes) in enumerate(cut[0]):
         groups = None
         if label is not None and len(nodes) > SPLIT_ABOVE:
-            pieces = [_segments(own[index][1], lambda node, block=label: _sub_module(node, block)) for own in cut]
+            pieces = [_segments(own[index][1], lambda node, block=label: key(node, block)) for own in cut]
             if all([lb for lb, _ in own] == [lb for lb, _ in pieces[0]] for own in pieces[1:]):
                 groups = _grouped([len(piece) for _, piece in pieces[0]])
         for program, segments in enumerate(cut):
@@ -197,6 +237,14 @@ def _grouped(sizes: list[int]) -> list[list[int]]:
             groups.append([])
             total = 0
     return groups
+
+
+def _one_level_deeper(node: Node, label: str) -> str | None:
+    """The module one level below the segment's (a segment labelled by a sub-module of the block,
+    "block.attention_norm", is cut at modules three levels deep: "block.attention.wo"), or the
+    node's own module where it runs higher up (the attention's own code between its projections)."""
+    depth = label.count(".") + 2
+    return ".".join(node.module_path.split(".")[:depth]) or None
 
 
 def _sub_module(node: Node, block: str) -> str | None:

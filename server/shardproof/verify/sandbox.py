@@ -155,7 +155,9 @@ class Sandbox:
         does not disturb the others."""
         results: list[Saturation | None] = [None] * len(jobs)
         generation = self._generation
-        pending = list(enumerate(jobs))
+        # the largest units first: a large one started last would run alone while the other
+        # children are idle
+        pending = sorted(enumerate(jobs), key=lambda item: -len(item[1].commands))
         idle = [child for child in self._children if child.alive()]
         self._children = list(idle)
         running: dict[int, tuple[_Child, _Running]] = {}  # stdout fd -> child and its job
