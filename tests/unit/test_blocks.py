@@ -218,6 +218,31 @@ def test_programs_that_differ_only_inside_a_lone_module_have_one_skeleton_record
     embed = [next(i for i in p.instances if i.path == "embed") for p in (first, second)]
     assert embed[0].digest != embed[1].digest
 
+    # what the module gives the skeleton is the skeleton's record: results of another shape differ
+    class Cut(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.width = width
+            self.scale = nn.Parameter(torch.ones(8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * self.scale)[..., : self.width]
+
+    class Model(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([Sharded(3), Sharded(3)])
+            self.cut = Cut(width)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            for layer in self.layers:
+                x = layer(x)
+            return x, self.cut(x)
+
+    with torch.device("meta"):
+        records = [blocks.record_program(Model(w), (torch.zeros(2, 8),)) for w in (4, 6)]
+    assert all(r.skeleton is not None for r in records) and records[0].skeleton != records[1].skeleton
+
 
 def test_a_lone_module_sharing_a_weight_or_called_twice_stays_in_the_skeleton() -> None:
     tied = _program(tied=True)

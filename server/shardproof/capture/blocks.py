@@ -209,8 +209,9 @@ class _Recorder(TorchDispatchMode):
             instance.memoizable = False  # non-tensor results are not carried by the opaque op
         if self.frames:  # the frame around the block names its results by the call
             outer = self.frames[-1]
-            # a lone module's own record is its graph's key, not the skeleton's (see `lone_modules`)
-            digest = "lone" if instance.lone else instance.digest
+            # a lone module's own record is its graph's key, not the skeleton's (see `lone_modules`):
+            # the skeleton's holds what the call gives it, the results' shapes and dtypes
+            digest = f"lone {instance.outputs}" if instance.lone else instance.digest
             outer["lines"].append(f"returned {instance.path} {digest} {instance.memoizable} {spec}")
             for position, value in enumerate(v for v in flat if isinstance(v, torch.Tensor)):
                 outer["names"][id(value)] = f"call:{instance.path}:{position}"
