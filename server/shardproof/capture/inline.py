@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..graph.model import Graph, Node, Placeholder, SourceSite
-from ..verify.block_contracts import call_key
+from ..verify.block_contracts import BLOCK_TARGET, call_key
 
 _WRAPPER = "block"  # the attribute of the wrapper that templates and lone modules are traced in
 _PREFIXES = {"parameter": "p_", "buffer": "b_", "constant": "c_"}
@@ -36,7 +36,7 @@ def inline_calls(skeleton: Graph, graphs: dict[str, Graph]) -> Graph:
     merged.source_files = set(skeleton.source_files)
     merged.constants, merged.view_twins = dict(skeleton.constants), dict(skeleton.view_twins)
     for node in skeleton.nodes:
-        key = call_key(node) if node.attrs.get("target") == "shardproof::block" else ""
+        key = call_key(node) if node.attrs.get("target") == BLOCK_TARGET else ""
         if key not in graphs:
             nodes.append(replace(node, inputs=tuple(renamed.get(i, i) for i in node.inputs)))
             continue
@@ -87,11 +87,11 @@ def _names(
                 raise NotInlined(f"{path}: input {position} of {len(arguments)}")
             names[placeholder.id] = arguments[position]
             continue
-        target = placeholder.target
-        if target == _WRAPPER or target.startswith(_WRAPPER + "."):
-            target = path + target[len(_WRAPPER) :]
-        elif (placeholder.kind, target) in targets:  # a lifted constant's name, taken in the skeleton
-            target = f"{path}.{target}"
+        target = _under(placeholder.target, path)
+        if target is None:
+            target = placeholder.target
+            if (placeholder.kind, target) in targets:  # a lifted constant's name, taken in the skeleton
+                target = f"{path}.{target}"
         known = targets.get((placeholder.kind, target))
         if known is None:
             known = _fresh(_PREFIXES.get(placeholder.kind, "") + target.replace(".", "_"), used)
@@ -101,6 +101,14 @@ def _names(
     for node in graph.nodes:
         names[node.id] = _fresh(node.id, used, path.replace(".", "_") + "_")
     return names
+
+
+def _under(name: str, path: str) -> str | None:
+    """A name inside the wrapper (`block`, `block.weight`) as the program names it under `path`;
+    None for a name outside it."""
+    if name == _WRAPPER or name.startswith(_WRAPPER + "."):
+        return path + name[len(_WRAPPER) :]
+    return None
 
 
 def _fresh(name: str, used: set[str], prefix: str = "") -> str:
@@ -117,15 +125,12 @@ def _moved(graph: Graph, names: dict[str, str], site: SourceSite | None, path: s
     """The module's operations named as in the skeleton, under its path, called from the call's site."""
     moved = []
     for node in graph.nodes:
-        module_path = node.module_path
-        if module_path == _WRAPPER or module_path.startswith(_WRAPPER + "."):
-            module_path = path + module_path[len(_WRAPPER) :]
         moved.append(
             replace(
                 node,
                 id=names[node.id],
                 inputs=tuple(names[i] for i in node.inputs),
-                module_path=module_path or path,
+                module_path=_under(node.module_path, path) or node.module_path or path,
                 site=_called_from(site, node.site),
             )
         )
