@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from .capture.memoized import MemoizedCapture, TemplateUnit
     from .config import Check, Project
     from .graph.model import Graph
-    from .pipeline import Unit, UnitProof
     from .relations.expr import Expr
+    from .units import Unit, UnitProof
 
 ProveFn = Callable[[list["Unit"]], list["UnitProof"]]
 
@@ -75,7 +75,7 @@ def localize_template(
     """The failed template localized at its first instance (see the module docstring); None when
     the skeleton does not prove that instance's inputs related as the template assumed."""
     from .capture.blocks import parse_key
-    from .pipeline import Unit
+    from .units import Unit
 
     contracts = {contract.rank: contract for contract in failed.contracts}
     skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units, failed.template)
@@ -155,7 +155,7 @@ def localize_skeleton(
     stats: dict[str, object],
 ) -> WorldSizeResult | None:
     """The skeleton localized with every template's law (every template proven)."""
-    from .pipeline import Unit
+    from .units import Unit
 
     skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
     (proof,) = prove(

@@ -6,34 +6,27 @@ sandbox's own child processes.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING
 
 from .config import Check, Project
 from .errors import CollectiveCallError, ShardproofError
+from .memoized_run import verify_memoized
 from .results import CheckResult, Discrepancy, Unsupported, WorldSizeResult
-from .verify import block_contracts
+from .units import dropout_notes, outputs_summary, prove_units, unit_stats
 from .verify.cache import cached_result, result_key, store_result
 from .verify.cache import saturate as saturate_cached
-from .verify.cache import saturate_all as saturate_all_cached
 from .verify.encode import encode_unit
-from .verify.partition import HALVE_FROM, Part, partition, partition_block, proven
+from .verify.partition import partition, proven
 from .verify.relations_found import RelationIndex
-from .verify.sandbox import Job, Sandbox
+from .verify.sandbox import Sandbox
 from .verify.verdict import output_relations
 
 if TYPE_CHECKING:
-    from .capture.memoized import TemplateUnit
     from .capture.program import CaptureResult, CheckCapture
-    from .graph.model import Graph
-    from .relations.expr import Expr
-    from .results import OutputRelation
-    from .verify.encode import EncodedUnit
-    from .verify.engine import Saturation
+
+__all__ = ["ProgressFn", "stored_result_key", "verify_check", "verify_memoized", "verify_world_size"]
 
 ProgressFn = Callable[[str, int, str], None]  # (check name, world size, stage)
 
@@ -156,17 +149,6 @@ def _verify_world_size(
     return result
 
 
-def dropout_notes(graphs: list[Graph]) -> list[str]:
-    """What a verdict takes as given about these programs: each dropout in training mode taken as
-    the identity (its random mask is no function of the inputs), once per line."""
-    places = [(f.file, f.line) for g in graphs for s in g.identity_dropouts if (f := s.innermost) is not None]
-    return [
-        f"dropout in training mode at {os.path.basename(file)}:{line} taken as the identity "
-        "(the forward is verified as in eval mode; a random mask is no function of the inputs)"
-        for file, line in dict.fromkeys(places)
-    ]
-
-
 def _internal_error(world_size: int, exc: Exception) -> WorldSizeResult:
     """A failure of shardproof itself (not of the user's code) at one world size, reported as an
     error of that world size with its traceback, so the other world sizes and checks still run."""
@@ -276,7 +258,7 @@ def verify_world_size(
         seconds["localization"] = time.perf_counter() - start
         return result
     if not failing and not unit.issues:
-        result.summary = _summary(outputs)
+        result.summary = outputs_summary(outputs)
         seconds["localization"] = time.perf_counter() - start
         return result
     if not saturation.complete:
@@ -333,10 +315,6 @@ def _witness(
     return witness(check, project, world_size, module_path, finding.kind, rank_roles, compared_constants(graphs))
 
 
-def _summary(outputs: list[OutputRelation]) -> str:
-    return "; ".join(f"output {o.index}: {o.description}" for o in outputs)
-
-
 def _verify_partitioned(
     captured: CaptureResult,
     check: Check,
@@ -368,222 +346,5 @@ def _verify_partitioned(
         "parts": len(parts),
     } | unit_stats(proofs)
     return WorldSizeResult(
-        world_size, "verified", outputs=outputs, summary=_summary(outputs), seconds=seconds, stats=stats
+        world_size, "verified", outputs=outputs, summary=outputs_summary(outputs), seconds=seconds, stats=stats
     )
-
-
-def verify_memoized(
-    capture: object, check: Check, world_size: int, sandbox: Sandbox, progress: ProgressFn
-) -> WorldSizeResult | None:
-    """Verify a model with repeated blocks block by block: every distinct block (template) once,
-    with each rank's inputs assumed to relate to the reference's as their shapes say (equal, or the
-    rank's block of a sequence), then the skeletons with each block an opaque call, related across
-    programs by what its template's proof guarantees (verify/block_contracts.py). The verdict is
-    `verified` or None: a template or skeleton that is not proven this way is left to the plain
-    run, which gives the verdict and the location (so both ways always agree)."""
-    from .capture.memoized import NotMemoizable, capture_memoized
-    from .capture.program import CheckCapture
-
-    assert isinstance(capture, CheckCapture)
-    seconds: dict[str, float] = {}
-    start = time.perf_counter()
-    progress(check.name, world_size, "capture")
-    try:
-        captured = capture_memoized(capture, world_size)
-    except (NotMemoizable, ShardproofError):
-        return None
-    seconds["capture"] = time.perf_counter() - start
-    terms = [contract for unit in captured.units for contract in unit.contracts]
-    # the template proofs and the skeleton's are saturated at once: the skeleton's rules state
-    # what each template must guarantee, and it is checked below that its proof does
-    skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
-    if any(not contract.congruent for contract in terms) and not laws:
-        return None  # blocks with more inputs than an opaque call keeps (no rule could relate them)
-    sharded = {contract.template for contract in terms if not contract.congruent}
-    stats: dict[str, object] = {
-        "templates": len(captured.units),
-        "block_instances": captured.instance_count,
-        "stored_rank_captures": captured.stored_ranks,
-    }
-    if sharded:
-        stats["templates_entered_sharded"] = len(sharded)
-    progress(check.name, world_size, "verification")
-    start = time.perf_counter()
-    skeleton = Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws)
-    # many ranks: the templates cut finer first (parts of half the ranks, see partition_block),
-    # then, where a finer cut's obligations are not all proven, as they are cut for fewer ranks
-    finer = any(len(unit.ranks) >= HALVE_FROM for unit in captured.units)
-    proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer)
-    if failed is not None and finer:
-        proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer=False)
-    if failed is not None:
-        return _not_proven(captured, failed, capture, check, world_size, sandbox, progress, seconds, stats, start)
-    outputs = proofs[-1].outputs(check.outputs)
-    if outputs is None:
-        return _not_proven(captured, None, capture, check, world_size, sandbox, progress, seconds, stats, start)
-    seconds["verification"] = time.perf_counter() - start
-    stats |= {
-        "reference_nodes": len(captured.reference.skeleton.nodes),
-        "rank_nodes": sum(len(g.nodes) for g, _ in skeletons),
-    } | unit_stats(proofs)
-    summary = _summary(outputs)
-    summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct"
-    summary += f", {len(sharded)} of them entered sharded)" if sharded else ")"
-    graphs = [captured.reference.skeleton, *(program.skeleton for program in captured.ranks)]
-    graphs += [graph for unit in captured.units for graph in (unit.reference, *(g for g, _ in unit.ranks))]
-    notes = dropout_notes(graphs)
-    return WorldSizeResult(
-        world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats, notes=notes
-    )
-
-
-def _prove_templates(
-    templates: list[TemplateUnit], skeleton: Unit, sandbox: Sandbox, check: Check, finer: bool
-) -> tuple[list[UnitProof], TemplateUnit | None]:
-    """Prove every template (`TemplateUnit`) and the skeleton at once; the proofs, and the first
-    template whose proof does not give what its contracts require (None: every one does)."""
-    units: list[Unit] = []
-    # per template, its units: the template whole, or its parts (cut at its sub-modules, like a
-    # large block of a world size, so that they saturate at once in smaller e-graphs)
-    template_parts: list[list[Part] | None] = []
-    for unit in templates:
-        assumed = block_contracts.with_assumed_inputs(unit.reference, unit.reference_values, unit.ranks, unit.contracts)
-        parts = partition_block(*assumed, finer=finer)
-        template_parts.append(parts)
-        if parts is None:
-            units.append(Unit(*assumed))
-        else:
-            # the parts' obligations read relations of values inside the block, not only outputs
-            units.extend(Unit(p.reference, p.reference_values, p.ranks, outputs_only=False) for p in parts)
-    # only the units' outputs are read: anything else not proven is left to the plain run
-    proofs = prove_units(sandbox, check, [*units, skeleton], outputs_only=True)
-    position = 0
-    for unit, parts in zip(templates, template_parts, strict=True):
-        own = proofs[position : position + (len(parts) if parts is not None else 1)]
-        position += len(own)
-        last = own[-1]  # the template whole, or its last part: the one holding its outputs
-        index = last.index
-        parts_proven = parts is None or all(
-            proof.index is not None and proven(part, proof.index) for part, proof in zip(parts, own, strict=True)
-        )
-        if not parts_proven or (
-            index is None
-            or not all(
-                block_contracts.guaranteed(contract, index, last.reference, rank)
-                for contract, rank in zip(unit.contracts, last.ranks, strict=True)
-            )
-        ):
-            return proofs, unit
-    return proofs, None
-
-
-def _not_proven(
-    captured: object,
-    failed: object,
-    capture: CheckCapture,
-    check: Check,
-    world_size: int,
-    sandbox: Sandbox,
-    progress: ProgressFn,
-    seconds: dict[str, float],
-    stats: dict[str, object],
-    start: float,
-) -> WorldSizeResult | None:
-    """A memoized run not proven: None (the plain run decides), or for a model too large to run
-    with real numbers, the failed unit localized (memoized_failure.py)."""
-    from . import memoized_failure
-    from .capture.memoized import MemoizedCapture, TemplateUnit
-
-    assert isinstance(captured, MemoizedCapture)
-    elements = memoized_failure.too_large_for_numbers(captured)
-    if elements is None:
-        return None
-    progress(check.name, world_size, "localization")
-    stats = stats | {"parameter_elements": elements}
-
-    def prove(units: list[Unit]) -> list[UnitProof]:
-        return prove_units(sandbox, check, units)
-
-    if isinstance(failed, TemplateUnit):
-        found = memoized_failure.localize_template(
-            captured, failed, check, capture.project, world_size, prove, seconds, stats
-        )
-    else:
-        found = memoized_failure.localize_skeleton(captured, check, capture.project, world_size, prove, seconds, stats)
-    seconds["verification"] = time.perf_counter() - start
-    return found
-
-
-@dataclass
-class UnitProof:
-    """One saturated unit (the reference and the ranks of a template, skeleton or part)."""
-
-    reference: Graph
-    ranks: list[Graph]
-    encoded: EncodedUnit
-    saturation: Saturation
-    cached: bool
-
-    @cached_property
-    def index(self) -> RelationIndex | None:
-        """The proven relations, when the saturation ended with facts and the ranks' collectives
-        matched."""
-        if self.saturation.facts is None or self.encoded.issues:
-            return None
-        return RelationIndex(self.reference, self.ranks, self.saturation.facts)
-
-    def outputs(self, policy: str) -> list[OutputRelation] | None:
-        """The unit's output relations when every output meets `policy`, else None."""
-        index = self.index
-        if index is None:
-            return None
-        outputs, failing = output_relations(index, self.reference, self.ranks, policy)
-        return None if failing else outputs
-
-
-@dataclass
-class Unit:
-    """What `prove_units` saturates: the reference, its values, every rank with its values, and
-    the laws of opaque calls proven elsewhere (see `encode_unit`)."""
-
-    reference: Graph
-    reference_values: dict[str, Expr]
-    ranks: list[tuple[Graph, dict[str, Expr]]]
-    call_laws: tuple[str, ...] = ()
-    outputs_only: bool | None = None  # None: as `prove_units` is told
-
-
-def prove_units(
-    sandbox: Sandbox,
-    check: Check,
-    units: list[Unit] | list[tuple[Graph, dict[str, Expr], list[tuple[Graph, dict[str, Expr]]]]],
-    outputs_only: bool = False,
-) -> list[UnitProof]:
-    """Saturate independent units at once (the cache answers those it holds). With
-    `outputs_only`, only the units' outputs are read from their proofs (see `encode_unit`)."""
-    bounds = check.bounds
-    given = [unit if isinstance(unit, Unit) else Unit(*unit) for unit in units]
-    only = [outputs_only if u.outputs_only is None else u.outputs_only for u in given]
-    encoded = [
-        encode_unit(u.reference, u.reference_values, u.ranks, reads_outputs, u.call_laws)
-        for u, reads_outputs in zip(given, only, strict=True)
-    ]
-    jobs = [Job(e.commands, bounds.iterations, bounds.seconds, bounds.max_rows) for e in encoded]
-    saturated = saturate_all_cached(sandbox, jobs)
-    return [
-        UnitProof(u.reference, [graph for graph, _ in u.ranks], unit, saturation, cached)
-        for u, unit, (saturation, cached) in zip(given, encoded, saturated, strict=True)
-    ]
-
-
-def unit_stats(proofs: list[UnitProof]) -> dict[str, object]:
-    statuses = [proof.saturation.status for proof in proofs]
-    return {
-        "terms": sum(proof.encoded.n_terms for proof in proofs),
-        "egraph_rows": max(proof.saturation.rows for proof in proofs),
-        # the saturations' own time, added up over units (they overlap when run at once)
-        "saturation_seconds": round(sum(p.saturation.seconds for p in proofs if not p.cached), 4),
-        "saturation_status": next((status for status in statuses if status != "fixpoint"), "fixpoint"),
-        "units": len(proofs),
-        "cached_units": sum(proof.cached for proof in proofs),
-    }
