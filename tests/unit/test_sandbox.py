@@ -58,3 +58,20 @@ def test_started_children_serve_units_one_after_another_from_prepared_egraphs() 
         text = json.dumps(result.to_dict())
         assert f"unit{i}/y" in text
         assert not any(f"unit{j}/y" in text for j in range(4) if j != i)
+
+
+def test_a_child_returns_to_its_prepared_egraph_after_each_unit_even_one_egglog_rejects() -> None:
+    # each unit starts from the e-graph as it was before the previous one (saved, then restored):
+    # neither a unit's terms nor a half-loaded unit that egglog rejected reach the next one
+    first = [*TINY, '(let $a (Leaf "a"))', '(node $a "first/a")']
+    rejected = [*TINY, '(let $b (Leaf "b"))', '(node $b "rejected/b")', "(this is not egglog"]
+    last = [*TINY, '(let $c (Leaf "c"))', '(node $c "last/c")']
+    with Sandbox(4096, workers=1).start() as box:
+        started = [child.process.pid for child in box._children]
+        results = [box.saturate(commands, 5, 30, 10_000) for commands in (first, rejected, last)]
+        assert [child.process.pid for child in box._children] == started  # one child served all three
+    assert results[0].status == "fixpoint" and results[2].status == "fixpoint"
+    assert results[1].facts is None and results[1].status == "egglog-error"
+    text = json.dumps(results[2].to_dict())
+    assert "last/c" in text
+    assert "first/a" not in text and "rejected/b" not in text

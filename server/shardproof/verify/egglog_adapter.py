@@ -66,6 +66,15 @@ class EGraph:
         if batch:
             self.run_text("\n".join(batch))
 
+    def push(self) -> None:
+        """Save the e-graph as it is now (`pop` returns to it); a few ms for one holding only
+        declarations and rules."""
+        self.run_text("(push)")
+
+    def pop(self) -> None:
+        """Back to the e-graph as the last `push` saved it: every fact and union since is gone."""
+        self.run_text("(pop)")
+
     def run_schedule(self, schedule: str) -> RunOutcome:
         start = time.perf_counter()
         outputs = self.run_text(schedule)
