@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from .capture import collector
 from .errors import ShardproofError
 from .results import WorldSizeResult
 from .units import Unit, UnitProof, dropout_notes, outputs_summary, prove_units, unit_stats
@@ -41,7 +42,8 @@ def verify_memoized(
     except (NotMemoizable, ShardproofError):
         return None
     seconds["capture"] = time.perf_counter() - start
-    return _verify_captured(captured, capture, check, world_size, sandbox, progress, seconds)
+    with collector.settled():  # the capture's objects are left out of verification's collections
+        return _verify_captured(captured, capture, check, world_size, sandbox, progress, seconds)
 
 
 def _verify_captured(
