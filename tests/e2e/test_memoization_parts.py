@@ -65,10 +65,10 @@ def _recording_partitions(monkeypatch: pytest.MonkeyPatch, corrupt_finer: bool =
     """Halve parts from two ranks on (the example has four), and record each template's cut:
     (finer, the ranks of each part). `corrupt_finer`: the finer cut's obligations are shifted by
     one rank (they cannot be proven)."""
-    from shardproof import pipeline
+    from shardproof import memoized_run
     from shardproof.verify import partition
 
-    monkeypatch.setattr(pipeline, "HALVE_FROM", 2)
+    monkeypatch.setattr(memoized_run, "HALVE_FROM", 2)
     monkeypatch.setattr(partition, "HALVE_FROM", 2)
     seen: list[tuple[bool, list]] = []
     original = partition.partition_block
@@ -84,7 +84,7 @@ def _recording_partitions(monkeypatch: pytest.MonkeyPatch, corrupt_finer: bool =
         seen.append((finer, [[graph.rank for graph, _ in part.ranks] for part in parts or []]))
         return parts
 
-    monkeypatch.setattr(pipeline, "partition_block", recording)
+    monkeypatch.setattr(memoized_run, "partition_block", recording)
     return seen
 
 
