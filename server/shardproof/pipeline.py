@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .capture import collector
 from .config import Check, Project
 from .errors import CollectiveCallError, ShardproofError
 from .memoized_run import verify_memoized
@@ -209,6 +210,23 @@ def verify_world_size(
             seconds={"capture": time.perf_counter() - start},
         )
     seconds["capture"] = time.perf_counter() - start
+    with collector.settled():  # the capture's objects are left out of the collections from here on
+        return _verify_captured(
+            captured, capture, check, world_size, sandbox, progress, seconds, numeric_witness, partition
+        )
+
+
+def _verify_captured(
+    captured: CaptureResult,
+    capture: CheckCapture,
+    check: Check,
+    world_size: int,
+    sandbox: Sandbox,
+    progress: ProgressFn,
+    seconds: dict[str, float],
+    numeric_witness: bool,
+    partition: bool,
+) -> WorldSizeResult:
     if partition:
         partitioned = _verify_partitioned(captured, check, world_size, sandbox, progress, seconds)
         if partitioned is not None:
