@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,11 +263,11 @@ def main() -> None:
     prepared = _prepared()
     for line in sys.stdin:
         job = json.loads(line)
-        saved = prepared is not None and _saved(prepared)
+        saved = prepared is not None and _succeeds(prepared.push)
         result = saturate(job["commands"], job["iterations"], job["seconds"], job["rows"], prepared if saved else None)
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
         sys.stdout.flush()
-        if not (saved and prepared is not None and _restored(prepared)):
+        if not (saved and prepared is not None and _succeeds(prepared.pop)):
             prepared = None  # the used e-graph is freed first: two alive at once would double the peak
             prepared = _prepared()
 
@@ -280,18 +281,10 @@ def _prepared() -> EGraph | None:
         return None
 
 
-def _saved(egraph: EGraph) -> bool:
+def _succeeds(step: Callable[[], None]) -> bool:
+    """Whether an e-graph's `push` or `pop` succeeded (else the child prepares a new e-graph)."""
     try:
-        egraph.push()
-    except EgglogError:
-        return False
-    return True
-
-
-def _restored(egraph: EGraph) -> bool:
-    """Whether `egraph` is back to what it was before the job (else a new one is prepared)."""
-    try:
-        egraph.pop()
+        step()
     except EgglogError:
         return False
     return True
