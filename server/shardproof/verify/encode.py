@@ -88,6 +88,8 @@ class Encoder(FactoredTerms, CollectiveLowering, MovementTwins, ConstantIdentiti
         self.exchanges: dict[tuple[str, str], Exchange] = {}
         self._relayouts: dict[tuple[str, str], tuple[Exchange, int, list[Node]]] = {}
         self._positions: dict[str, dict[str, int]] = {}
+        # the relayouts stated, by the e-class named and its concatenation (see `_union_concatenation`)
+        self._relayouts_stated: set[tuple[str, str]] = set()
         # Joint forward-backward graphs: constant factors are carried outside linear operations
         # (see `_factored`). (graph, value id) -> (unscaled term, factor) for values whose factor is not 1.
         self.factor_out = False
