@@ -14,7 +14,7 @@ from .verify import block_contracts
 from .verify.partition import HALVE_FROM, Part, partition_block, proven
 
 if TYPE_CHECKING:
-    from .capture.memoized import MemoizedCapture, TemplateUnit
+    from .capture.memoized import TemplateUnit
     from .capture.program import CheckCapture
     from .config import Check
     from .pipeline import ProgressFn
@@ -43,60 +43,48 @@ def verify_memoized(
         return None
     seconds["capture"] = time.perf_counter() - start
     with collector.settled():  # the capture's objects are left out of verification's collections
-        return _verify_captured(captured, capture, check, world_size, sandbox, progress, seconds)
-
-
-def _verify_captured(
-    captured: MemoizedCapture,
-    capture: CheckCapture,
-    check: Check,
-    world_size: int,
-    sandbox: Sandbox,
-    progress: ProgressFn,
-    seconds: dict[str, float],
-) -> WorldSizeResult | None:
-    terms = [contract for unit in captured.units for contract in unit.contracts]
-    # the template proofs and the skeleton's are saturated at once: the skeleton's rules state
-    # what each template must guarantee, and it is checked below that its proof does
-    skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
-    if any(not contract.congruent for contract in terms) and not laws:
-        return None  # blocks with more inputs than an opaque call keeps (no rule could relate them)
-    sharded = {contract.template for contract in terms if not contract.congruent}
-    stats: dict[str, object] = {
-        "templates": len(captured.units),
-        "block_instances": captured.instance_count,
-        "stored_rank_captures": captured.stored_ranks,
-    }
-    if sharded:
-        stats["templates_entered_sharded"] = len(sharded)
-    progress(check.name, world_size, "verification")
-    start = time.perf_counter()
-    skeleton = Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws)
-    # many ranks: the templates cut finer first (parts of half the ranks, see partition_block),
-    # then, where a finer cut's obligations are not all proven, as they are cut for fewer ranks
-    finer = any(len(unit.ranks) >= HALVE_FROM for unit in captured.units)
-    proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer)
-    if failed is not None and finer:
-        proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer=False)
-    if failed is not None:
-        return _not_proven(captured, failed, capture, check, world_size, sandbox, progress, seconds, stats, start)
-    outputs = proofs[-1].outputs(check.outputs)
-    if outputs is None:
-        return _not_proven(captured, None, capture, check, world_size, sandbox, progress, seconds, stats, start)
-    seconds["verification"] = time.perf_counter() - start
-    stats |= {
-        "reference_nodes": len(captured.reference.skeleton.nodes),
-        "rank_nodes": sum(len(g.nodes) for g, _ in skeletons),
-    } | unit_stats(proofs)
-    summary = outputs_summary(outputs)
-    summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct"
-    summary += f", {len(sharded)} of them entered sharded)" if sharded else ")"
-    graphs = [captured.reference.skeleton, *(program.skeleton for program in captured.ranks)]
-    graphs += [graph for unit in captured.units for graph in (unit.reference, *(g for g, _ in unit.ranks))]
-    notes = dropout_notes(graphs)
-    return WorldSizeResult(
-        world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats, notes=notes
-    )
+        terms = [contract for unit in captured.units for contract in unit.contracts]
+        # the template proofs and the skeleton's are saturated at once: the skeleton's rules state
+        # what each template must guarantee, and it is checked below that its proof does
+        skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
+        if any(not contract.congruent for contract in terms) and not laws:
+            return None  # blocks with more inputs than an opaque call keeps (no rule could relate them)
+        sharded = {contract.template for contract in terms if not contract.congruent}
+        stats: dict[str, object] = {
+            "templates": len(captured.units),
+            "block_instances": captured.instance_count,
+            "stored_rank_captures": captured.stored_ranks,
+        }
+        if sharded:
+            stats["templates_entered_sharded"] = len(sharded)
+        progress(check.name, world_size, "verification")
+        start = time.perf_counter()
+        skeleton = Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws)
+        # many ranks: the templates cut finer first (parts of half the ranks, see partition_block),
+        # then, where a finer cut's obligations are not all proven, as they are cut for fewer ranks
+        finer = any(len(unit.ranks) >= HALVE_FROM for unit in captured.units)
+        proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer)
+        if failed is not None and finer:
+            proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer=False)
+        if failed is not None:
+            return _not_proven(captured, failed, capture, check, world_size, sandbox, progress, seconds, stats, start)
+        outputs = proofs[-1].outputs(check.outputs)
+        if outputs is None:
+            return _not_proven(captured, None, capture, check, world_size, sandbox, progress, seconds, stats, start)
+        seconds["verification"] = time.perf_counter() - start
+        stats |= {
+            "reference_nodes": len(captured.reference.skeleton.nodes),
+            "rank_nodes": sum(len(g.nodes) for g, _ in skeletons),
+        } | unit_stats(proofs)
+        summary = outputs_summary(outputs)
+        summary += f" ({captured.instance_count} repeated blocks verified as {len(captured.units)} distinct"
+        summary += f", {len(sharded)} of them entered sharded)" if sharded else ")"
+        graphs = [captured.reference.skeleton, *(program.skeleton for program in captured.ranks)]
+        graphs += [graph for unit in captured.units for graph in (unit.reference, *(g for g, _ in unit.ranks))]
+        notes = dropout_notes(graphs)
+        return WorldSizeResult(
+            world_size, "verified", outputs=outputs, summary=summary, seconds=seconds, stats=stats, notes=notes
+        )
 
 
 def _prove_templates(

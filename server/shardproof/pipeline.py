@@ -211,110 +211,94 @@ def verify_world_size(
         )
     seconds["capture"] = time.perf_counter() - start
     with collector.settled():  # the capture's objects are left out of the collections from here on
-        return _verify_captured(
-            captured, capture, check, world_size, sandbox, progress, seconds, numeric_witness, partition
+        if partition:
+            partitioned = _verify_partitioned(captured, check, world_size, sandbox, progress, seconds)
+            if partitioned is not None:
+                return partitioned
+        progress(check.name, world_size, "relations")
+        start = time.perf_counter()
+        unit = encode_unit(
+            captured.reference.graph, captured.reference.values, [(r.graph, r.values) for r in captured.ranks]
         )
+        seconds["relations"] = time.perf_counter() - start
+        progress(check.name, world_size, "verification")
+        start = time.perf_counter()
+        bounds = check.bounds
+        saturation, cached = saturate_cached(sandbox, unit.commands, bounds.iterations, bounds.seconds, bounds.max_rows)
+        seconds["verification"] = time.perf_counter() - start
+        stats = {
+            "reference_nodes": len(captured.reference.graph.nodes),
+            "rank_nodes": sum(len(r.graph.nodes) for r in captured.ranks),
+            "terms": unit.n_terms,
+            "egraph_rows": saturation.rows,
+            "iterations": saturation.iterations,
+            "saturation_status": saturation.status,
+            "saturation_seconds": round(saturation.seconds, 4),
+            "cached_units": int(cached),
+        }
+        if saturation.facts is None:
+            message = _bound_message(saturation.status, saturation.message, check)
+            return WorldSizeResult(
+                world_size,
+                "inconclusive",
+                summary=message,
+                inconclusive=[Unsupported("bound", message)],
+                seconds=seconds,
+                stats=stats,
+            )
+        progress(check.name, world_size, "localization")
+        start = time.perf_counter()
+        ranks = [r.graph for r in captured.ranks]
+        index = RelationIndex(captured.reference.graph, ranks, saturation.facts)
+        outputs, failing = output_relations(index, captured.reference.graph, ranks, check.outputs)
+        result = WorldSizeResult(world_size, "verified", outputs=outputs, seconds=seconds, stats=stats)
+        gaps = [gap for graph in ranks for gap in graph.gradient_gaps]
+        if gaps and not failing and not unit.issues:
+            result.verdict = "inconclusive"
+            result.summary = f"not proven: {gaps[0]}"
+            result.inconclusive.extend(Unsupported("unsupported-op", gap, "gradient") for gap in gaps)
+            seconds["localization"] = time.perf_counter() - start
+            return result
+        if not failing and not unit.issues:
+            result.summary = outputs_summary(outputs)
+            seconds["localization"] = time.perf_counter() - start
+            return result
+        if not saturation.complete:
+            message = _bound_message(saturation.status, saturation.message, check)
+            result.verdict = "inconclusive"
+            result.summary = f"not proven: {message}"
+            result.inconclusive.append(Unsupported("bound", message))
+            seconds["localization"] = time.perf_counter() - start
+            return result
+        # the localizer (and libcst, ~0.16 s to import) is loaded only for a run that needs it
+        from .localize.diagnose import Evidence, explain
+        from .localize.unproven import settle
 
-
-def _verify_captured(
-    captured: CaptureResult,
-    capture: CheckCapture,
-    check: Check,
-    world_size: int,
-    sandbox: Sandbox,
-    progress: ProgressFn,
-    seconds: dict[str, float],
-    numeric_witness: bool,
-    partition: bool,
-) -> WorldSizeResult:
-    if partition:
-        partitioned = _verify_partitioned(captured, check, world_size, sandbox, progress, seconds)
-        if partitioned is not None:
-            return partitioned
-    progress(check.name, world_size, "relations")
-    start = time.perf_counter()
-    unit = encode_unit(
-        captured.reference.graph, captured.reference.values, [(r.graph, r.values) for r in captured.ranks]
-    )
-    seconds["relations"] = time.perf_counter() - start
-    progress(check.name, world_size, "verification")
-    start = time.perf_counter()
-    bounds = check.bounds
-    saturation, cached = saturate_cached(sandbox, unit.commands, bounds.iterations, bounds.seconds, bounds.max_rows)
-    seconds["verification"] = time.perf_counter() - start
-    stats = {
-        "reference_nodes": len(captured.reference.graph.nodes),
-        "rank_nodes": sum(len(r.graph.nodes) for r in captured.ranks),
-        "terms": unit.n_terms,
-        "egraph_rows": saturation.rows,
-        "iterations": saturation.iterations,
-        "saturation_status": saturation.status,
-        "saturation_seconds": round(saturation.seconds, 4),
-        "cached_units": int(cached),
-    }
-    if saturation.facts is None:
-        message = _bound_message(saturation.status, saturation.message, check)
-        return WorldSizeResult(
-            world_size,
-            "inconclusive",
-            summary=message,
-            inconclusive=[Unsupported("bound", message)],
-            seconds=seconds,
-            stats=stats,
+        evidence = Evidence(
+            captured.reference.graph,
+            ranks,
+            [r.values for r in captured.ranks],
+            index,
+            unit.issues,
+            outputs_of=[len(ranks) - 1] if check.outputs == "last-rank" else None,
+            factors=unit.factors,
+            law_targets=unit.law_targets,
+            rank_numbers=[r.numbers for r in captured.ranks],
         )
-    progress(check.name, world_size, "localization")
-    start = time.perf_counter()
-    ranks = [r.graph for r in captured.ranks]
-    index = RelationIndex(captured.reference.graph, ranks, saturation.facts)
-    outputs, failing = output_relations(index, captured.reference.graph, ranks, check.outputs)
-    result = WorldSizeResult(world_size, "verified", outputs=outputs, seconds=seconds, stats=stats)
-    gaps = [gap for graph in ranks for gap in graph.gradient_gaps]
-    if gaps and not failing and not unit.issues:
-        result.verdict = "inconclusive"
-        result.summary = f"not proven: {gaps[0]}"
-        result.inconclusive.extend(Unsupported("unsupported-op", gap, "gradient") for gap in gaps)
+        finding = explain(evidence, failing)
         seconds["localization"] = time.perf_counter() - start
-        return result
-    if not failing and not unit.issues:
-        result.summary = outputs_summary(outputs)
-        seconds["localization"] = time.perf_counter() - start
-        return result
-    if not saturation.complete:
-        message = _bound_message(saturation.status, saturation.message, check)
-        result.verdict = "inconclusive"
-        result.summary = f"not proven: {message}"
-        result.inconclusive.append(Unsupported("bound", message))
-        seconds["localization"] = time.perf_counter() - start
-        return result
-    # the localizer (and libcst, ~0.16 s to import) is loaded only for a run that needs it
-    from .localize.diagnose import Evidence, explain
-    from .localize.unproven import settle
 
-    evidence = Evidence(
-        captured.reference.graph,
-        ranks,
-        [r.values for r in captured.ranks],
-        index,
-        unit.issues,
-        outputs_of=[len(ranks) - 1] if check.outputs == "last-rank" else None,
-        factors=unit.factors,
-        law_targets=unit.law_targets,
-        rank_numbers=[r.numbers for r in captured.ranks],
-    )
-    finding = explain(evidence, failing)
-    seconds["localization"] = time.perf_counter() - start
+        def run_witness(found: Discrepancy) -> dict[str, object]:
+            if not numeric_witness:
+                return {"status": "not-run", "reason": "the numeric witness was not run"}
+            progress(check.name, world_size, "numeric witness")
+            begun = time.perf_counter()
+            shown_by = _witness(found, check, capture.project, captured, world_size)
+            seconds["witness"] = time.perf_counter() - begun
+            return shown_by
 
-    def run_witness(found: Discrepancy) -> dict[str, object]:
-        if not numeric_witness:
-            return {"status": "not-run", "reason": "the numeric witness was not run"}
-        progress(check.name, world_size, "numeric witness")
-        begun = time.perf_counter()
-        shown_by = _witness(found, check, capture.project, captured, world_size)
-        seconds["witness"] = time.perf_counter() - begun
-        return shown_by
-
-    compared_ranks = evidence.outputs_of if evidence.outputs_of is not None else list(range(len(ranks)))
-    return settle(result, finding, captured.reference.graph, index, compared_ranks, run_witness)
+        compared_ranks = evidence.outputs_of if evidence.outputs_of is not None else list(range(len(ranks)))
+        return settle(result, finding, captured.reference.graph, index, compared_ranks, run_witness)
 
 
 def _witness(
