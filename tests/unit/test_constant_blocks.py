@@ -9,8 +9,8 @@ from term_values import unions_hold
 from torch import nn
 
 from shardproof.capture import folding
+from shardproof.capture.exporting import export_module
 from shardproof.capture.normalize import to_graph
-from shardproof.capture.program import _export
 from shardproof.graph.model import Graph
 from shardproof.verify.constant_blocks import _blocks_of, _runs_of
 from shardproof.verify.encode import encode_unit
@@ -22,7 +22,7 @@ def _graph(forward, name: str, rank: int | None, world_size: int, *shapes: tuple
             return forward(*xs)
 
     inputs = tuple(torch.randn(shape, device="meta") for shape in shapes)
-    return to_graph(_export(Module(), inputs, "test"), name, rank, world_size, None)
+    return to_graph(export_module(Module(), inputs, "test"), name, rank, world_size, None)
 
 
 def _reference_mask(x: torch.Tensor) -> torch.Tensor:

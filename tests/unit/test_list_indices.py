@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shardproof.capture.exporting import export_module
 from shardproof.capture.normalize import to_graph
-from shardproof.capture.program import _export
 from shardproof.graph.model import Graph
 
 
@@ -17,7 +17,7 @@ def _graph(forward, shape: tuple[int, ...]) -> Graph:
         def forward(self, x):
             return forward(x)
 
-    program = _export(Module(), (torch.randn(shape, device="meta"),), "reference")
+    program = export_module(Module(), (torch.randn(shape, device="meta"),), "reference")
     return to_graph(program, "reference", None, 1, None)
 
 

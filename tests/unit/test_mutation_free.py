@@ -4,8 +4,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardproof.capture.exporting import export_module, mutation_free
 from shardproof.capture.fake_pg import fake_rank
-from shardproof.capture.program import _export, mutation_free
 
 
 class Reduces(nn.Module):
@@ -46,7 +46,7 @@ def test_aliased_write_back_and_in_place_ops_are_functionalised() -> None:
 
 def test_functionalised_graph_sees_the_reduction_through_the_view() -> None:
     with fake_rank(0, 2):
-        program = _export(ReadsAViewAfterTheReduction(), (torch.randn(2, 4, device="meta"),), "test")
+        program = export_module(ReadsAViewAfterTheReduction(), (torch.randn(2, 4, device="meta"),), "test")
     targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
     assert not any(t.endswith("_.default") and "assert" not in t for t in targets)
     assert any("all_reduce" in t for t in targets)

@@ -80,7 +80,7 @@ def test_recomputed_constants_get_the_same_identity() -> None:
 
 
 def test_same_code_parameters_relate_by_name_and_shape() -> None:
-    from shardproof.capture.program import same_code_relation
+    from shardproof.capture.same_code import same_code_relation
     from shardproof.relations.expr import Fresh, ParamRef, SliceOf
 
     own = Fresh(shape=(8, 16), dtype="float32", reason="uninitialised (empty)")
@@ -99,13 +99,13 @@ def test_same_code_parameters_relate_by_name_and_shape() -> None:
 def test_a_declared_packed_shard_is_the_rank_block_of_every_part() -> None:
     import torch
 
-    from shardproof.capture.program import _override
+    from shardproof.capture.same_code import declared_relation
     from shardproof.relations.expr import CatOf, Fresh, ParamRef
     from shardproof.witness.numeric import declared_value
 
     own = Fresh(shape=(4, 3), dtype="float32", reason="uninitialised (empty)")
     packed = ParamRef(name="fc1", shape=(8, 3), dtype="float32")  # [gate; up], 4 rows each
-    expr = _override(own, "packed-shard:0:2", packed, rank=1, world_size=2)
+    expr = declared_relation(own, "packed-shard:0:2", packed, rank=1, world_size=2)
     assert isinstance(expr, CatOf) and expr.dim == -2 and expr.shape == (4, 3)
     assert [(p.start, p.end) for p in expr.parts] == [(2, 4), (6, 8)]
     # the witness loads the same rows

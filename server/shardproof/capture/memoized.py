@@ -26,6 +26,7 @@ from ..relations.expr import Expr
 from ..verify.block_contracts import Contract, call_key, contracts, template_of
 from . import blocks, collector, dtensor
 from .capture_cache import CaptureCache
+from .exporting import export_module
 from .fake_pg import fake_rank, group_ranks
 from .forked import in_own_fork, map_ranks
 from .inline import NotInlined, inline_calls
@@ -35,7 +36,6 @@ from .program import (
     _NOT_BUILT,
     CheckCapture,
     _build_reference,
-    _export,
     _to_meta,
     build_reference_for_ranks,
 )
@@ -256,7 +256,7 @@ def _traced(
         glue = _same_template(known_skeleton, name, rank)
     else:
         with blocks.opaque_blocks(module, memoized):
-            glue = to_graph(_export(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve)
+            glue = to_graph(export_module(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve)
         if traced is not None and recorded.skeleton is not None and not _names_own_rank(glue):
             traced[skeleton_key] = glue
     lone: dict[str, tuple[str, Graph]] = {}
@@ -273,7 +273,9 @@ def _traced(
         # the skeleton traced whole, as a program without lone modules is (shared by no rank)
         blocks_only = [i for i in memoized if not i.lone]
         with blocks.opaque_blocks(module, blocks_only):
-            skeleton = to_graph(_export(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve)
+            skeleton = to_graph(
+                export_module(module, meta_inputs, stage + " (skeleton)"), name, rank, world_size, resolve
+            )
         glue, lone = None, {}
     templates: dict[str, Graph] = {}
     for instance in memoized:
@@ -329,7 +331,7 @@ def warm_up_tracing() -> None:
         return
     with torch.device("meta"):
         probe = nn.Linear(2, 2)
-    _export(probe, (torch.empty(1, 2, device="meta"),), "warming up the tracer")
+    export_module(probe, (torch.empty(1, 2, device="meta"),), "warming up the tracer")
     _WARM = True
 
 
@@ -356,7 +358,7 @@ def _export_block(instance: blocks.BlockInstance, stage: str) -> torch.export.Ex
             return self.block(*args, **instance.kwargs)
 
     kind = "module" if instance.lone else "block"
-    return _export(Call(), instance.args, f"{stage} ({kind} {instance.path})")
+    return export_module(Call(), instance.args, f"{stage} ({kind} {instance.path})")
 
 
 def _within(values: dict[str, Expr], path: str) -> dict[str, Expr]:

@@ -8,32 +8,25 @@ nodes. The reference is rebuilt for every rank because `parallel` may shard it i
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import operator
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..config import Check, Project, declared_blocks, declared_dim, declared_shard, same_code_sharded_dim
+from ..config import Check, Project
 from ..errors import ConfigError, UserCodeError, user_code_error
-from ..graph.model import Frame, Graph, ModulePlacement
+from ..graph.model import Graph, ModulePlacement
 from ..graph.numbers import BuilderNumbers
-from ..relations.expr import CatOf, Expr, ParamRef, ScaleOf, SliceOf, is_deterministic
+from ..relations.expr import Expr, ParamRef, is_deterministic
 from . import collector, dtensor, environment, example_values
 from .blocks import tensor_attributes
+from .exporting import export_module, joint_graph, quiet_torch_logs, trace_with_gradients
 from .fake_pg import fake_rank, group_ranks
-from .folding import ListedIndices, LiteralValues
 from .forked import map_ranks
-from .frames import exact_stack_traces
 from .lowering_tables import dtype_name
 from .normalize import to_graph
 from .numbers import plain_attributes, tracing_numbers
@@ -47,7 +40,7 @@ from .project_code import (
     source_files,
 )
 from .provenance import ProvenanceTracker
-from .remap import extended_collective_remaps, sends_as_outputs
+from .same_code import declared_relation, same_code_relation
 
 ProgressFn = Callable[[str], None]
 
@@ -236,259 +229,6 @@ def build_reference_for_ranks(build: Callable[[], Any]) -> PrebuiltReference | N
     return PrebuiltReference(module_built, values, tracker, time.perf_counter() - start)
 
 
-def attributes_as_buffers(module: nn.Module) -> None:
-    """Register every tensor kept as a plain attribute as a non-persistent buffer, under the same
-    name. Export lifts such tensors as constants and refuses a forward that writes them (the KV
-    cache of Meta's Llama code: `self.cache_k[:bsz, pos : pos + n] = xk`); as buffers their
-    writes are functionalised like any other. Values and names are unchanged."""
-    for submodule in module.modules():
-        for name, value in list(vars(submodule).items()):
-            if not name.startswith("_") and isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                delattr(submodule, name)
-                submodule.register_buffer(name, value, persistent=False)
-
-
-def _export(
-    module: nn.Module, inputs: tuple[Any, ...], stage: str, plan: dict[str, Frame] | None = None
-) -> torch.export.ExportedProgram:
-    """Trace a module. `plan`: its plan entries (module path -> entry), so that an error raised
-    inside a module a plan parallelized is reported at the plan entry."""
-    attributes_as_buffers(module)
-    try:
-        try:
-            return _export_once(module, inputs)
-        except Exception as exc:  # retried below, else reported at the user line
-            if not _mixes_cpu_into_meta(exc):
-                raise
-        # A factory call without a device (`torch.zeros(n)` in forward) makes a CPU tensor, which
-        # the real run adds to CPU values and the capture cannot add to meta ones: made on the
-        # meta device, it is the same value for the capture (tensors that name a device keep it).
-        with torch.device("meta"), LiteralValues() as literals:
-            program = _export_once(module, inputs)
-        program.literal_values = literals.of(program)  # type: ignore[attr-defined]
-        return program
-    except Exception as exc:  # noqa: BLE001 - a tracing failure is reported at the user line
-        error = user_code_error(exc, stage)
-        in_plan = dtensor.plan_entry_of_failure(exc, module, plan or {})
-        if in_plan is not None:
-            path, entry = in_plan
-            ran = f" (run at {Path(error.site.file).name}:{error.site.line})" if error.site is not None else ""
-            error.message = (
-                f"{error.message.rstrip('.')}; raised inside `{path}`{ran}, which this plan entry parallelizes "
-                f"with {entry.function}"
-            )
-            error.site = entry
-        raise error from None
-
-
-def _mixes_cpu_into_meta(exc: BaseException) -> bool:
-    text = str(exc)
-    return "meta and cpu" in text or "cpu and meta" in text or "Expected: meta, Got: cpu" in text
-
-
-def _export_once(module: nn.Module, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:
-    with (
-        torch.no_grad(),
-        exact_stack_traces(),
-        extended_collective_remaps(),
-        warnings.catch_warnings(),
-        _quiet_torch_logs(),
-        ListedIndices(),
-    ):
-        # torch warns about deprecated collectives and pytree internals while tracing user code
-        warnings.simplefilter("ignore")
-        with_dtensors = dtensor.uses_dtensor(module)
-        # also for DTensors made in the forward (`DTensor.from_local(...).redistribute(...)`): their
-        # spec is a constant of the traced calls, and the collectives they run are plain ones
-        dtensor.prepare_export()
-        if with_dtensors:
-            # DTensor's sharding propagation needs composite ops decomposed (see dtensor.py)
-            with (
-                dtensor.traceable_embeddings(),
-                dtensor.attention_by_heads(),
-                dtensor.losses_as_in_eager(),
-                dtensor.metadata_asserts_on_local_tensors(),
-                dtensor.global_outputs(module),
-            ):
-                program = torch.export.export(module, inputs, strict=False)
-                inline_grad_mode_regions(program.graph_module)
-                return program.run_decompositions(dtensor.decomposition_table())
-        with sends_as_outputs(module):
-            program = torch.export.export(module, inputs, strict=False)
-        inline_grad_mode_regions(program.graph_module)
-        if mutation_free(program):
-            return program
-        return program.run_decompositions(decomp_table={})
-
-
-def _trace_joint(
-    module: nn.Module,
-    inputs: tuple[Any, ...],
-    step: Callable[..., Any] | None,
-    stage: str,
-    wanted: list[tuple[str, Any]] | None = None,
-) -> Any:
-    """Trace forward and backward together (checks with `gradients`, see gradients.py)."""
-    from .gradients import JointSpec, trace_joint
-
-    attributes_as_buffers(module)
-    try:
-        with warnings.catch_warnings(), _quiet_torch_logs():
-            warnings.simplefilter("ignore")
-            if dtensor.uses_dtensor(module):
-                raise UserCodeError(
-                    "gradients of DTensor models are not supported yet (their joint graph needs aot_autograd)"
-                )
-            return trace_joint(JointSpec(module, inputs, step, wanted))
-    except UserCodeError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a tracing failure is reported at the user line
-        raise user_code_error(exc, stage) from None
-
-
-def _joint_graph(program: Any, name: str, rank: int | None, world_size: int, resolve: Any = None) -> Graph:
-    graph = to_graph(program, name, rank, world_size, resolve, joint=True)
-    graph.gradient_roles = list(program.roles)
-    graph.gradient_cuts = list(program.cuts)
-    return graph
-
-
-def inline_grad_mode_regions(graph_module: torch.fx.GraphModule) -> None:
-    """Put the body of every `torch.enable_grad()` / `no_grad()` region back into the graph.
-
-    Export turns a region that changes the grad mode into a `wrap_with_set_grad_enabled` call of
-    a submodule (Megatron-core's transformer layer adds its residual under `enable_grad`). The
-    grad mode does not change forward values, so the verifier sees the region's operations
-    inline, with their own source sites."""
-    graph = graph_module.graph
-    regions = [
-        node
-        for node in graph.nodes
-        if node.op == "call_function" and getattr(node.target, "__name__", "") == "wrap_with_set_grad_enabled"
-    ]
-    for node in regions:
-        body = getattr(graph_module, node.args[1].target)
-        inline_grad_mode_regions(body)
-        with graph.inserting_before(node):
-            placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-            copied = graph.graph_copy(body.graph, dict(zip(placeholders, node.args[2:], strict=True)))
-        results = copied if isinstance(copied, tuple | list) else (copied,)
-        for user in list(node.users):
-            if user.op == "call_function" and user.target is operator.getitem:
-                user.replace_all_uses_with(results[user.args[1]])
-                graph.erase_node(user)
-        if node.users:  # a single result used directly
-            node.replace_all_uses_with(results[0])
-        submodule = node.args[1]
-        graph.erase_node(node)
-        if not submodule.users:
-            graph.erase_node(submodule)
-            delattr(graph_module, submodule.target)
-    if regions:
-        graph.lint()
-        graph_module.recompile()
-
-
-_COLLECTIVE_WAIT = "wait_tensor"
-
-
-_FLAT_APPLY = getattr(torch.ops.higher_order, "flat_apply", None)
-
-
-def mutation_free(program: torch.export.ExportedProgram) -> bool:
-    """True when functionalisation would change nothing we read: the only in-place ops are the
-    copies that write a collective's result back into its own input buffer, that buffer is a
-    fresh value (not an input, not a view) and nothing aliases it or reads it after the write.
-
-    Then the graph is used as traced, skipping `run_decompositions` (about two thirds of the
-    capture time). Anything else is functionalised, so aliasing through views stays exact.
-    """
-    order = {node: i for i, node in enumerate(program.graph.nodes)}
-    for node in program.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if node.target is _FLAT_APPLY:
-            # a tensor subclass made in the forward (DTensor.from_local): export keeps the
-            # construction as a call nothing reads; functionalising drops it
-            return False
-        schema = getattr(node.target, "_schema", None)
-        if schema is None or not schema.is_mutable:
-            continue
-        name = schema.name.split("::")[-1]
-        if name == "_assert_tensor_metadata":
-            continue
-        if name != "copy_" or len(node.args) < 2:
-            return False
-        destination, source = node.args[0], node.args[1]
-        if not isinstance(destination, torch.fx.Node) or destination.op != "call_function":
-            return False
-        if getattr(destination.target, "is_view", False) or not isinstance(source, torch.fx.Node):
-            return False
-        source_name = getattr(getattr(source.target, "_schema", None), "name", "")
-        if not source_name.endswith(_COLLECTIVE_WAIT):
-            return False
-        for user in destination.users:
-            if user is node:
-                continue
-            if getattr(user.target, "is_view", False) or order[user] > order[node]:
-                return False
-    return True
-
-
-@contextlib.contextmanager
-def _quiet_torch_logs() -> Iterator[None]:
-    """Tracing failures are reported by us, at the user's line; torch's own log records and the
-    graph it prints to stderr when export fails are noise."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        logging.disable(previous)
-
-
-def same_code_relation(own: Expr, shape: tuple[int, ...], reference: Expr | None, rank: int, world_size: int) -> Expr:
-    """A rank tensor of the same code as the world-size-1 reference: the reference tensor of the
-    same name when the shapes agree, the rank's contiguous block along the one dim that is
-    world_size times smaller (fairscale's and Megatron's layout), else what the builder made."""
-    if reference is None:
-        return own
-    if reference.shape == shape:
-        return reference
-    dim = same_code_sharded_dim(shape, reference.shape, world_size)
-    return own if dim is None else _rank_block(reference, dim, shape, rank, world_size)
-
-
-def _override(expr: Expr, relation: str, reference: Expr, rank: int, world_size: int) -> Expr:
-    """An explicit relation from the declaration, for shards the builder initialises itself."""
-    if relation == "replicated":
-        return reference
-    if relation == "share":
-        return ScaleOf(source=reference, factor=Fraction(1, world_size), shape=reference.shape, dtype=reference.dtype)
-    if relation.startswith("packed-shard:"):
-        nd = len(reference.shape)
-        dim = declared_dim(relation)
-        dim = dim - nd if dim >= 0 else dim
-        pieces = []
-        for start, end in declared_blocks(relation, reference.shape[dim], rank, world_size):
-            shape = list(reference.shape)
-            shape[dim] = end - start
-            pieces.append(
-                SliceOf(source=reference, dim=dim, start=start, end=end, shape=tuple(shape), dtype=reference.dtype)
-            )
-        return CatOf(parts=tuple(pieces), dim=dim, shape=expr.shape, dtype=reference.dtype)
-    return _rank_block(reference, declared_dim(relation), expr.shape, rank, world_size)
-
-
-def _rank_block(reference: Expr, dim: int, shape: tuple[int, ...], rank: int, world_size: int) -> SliceOf:
-    """Rank `rank`'s contiguous block of `reference` along `dim` (the layout `shard:<dim>` declares)."""
-    nd = len(reference.shape)
-    dim = dim - nd if dim >= 0 else dim
-    start, end = declared_shard(reference.shape[nd + dim], rank, world_size)
-    return SliceOf(source=reference, dim=dim, start=start, end=end, shape=shape, dtype=reference.dtype)
-
-
 @dataclass
 class BuiltRank:
     """One rank's module as its builder made it, and what capture learned while it ran."""
@@ -578,7 +318,7 @@ class CheckCapture:
         would not be recognisably the same value)."""
         if reference.decomposed_like_dtensor or reference.program is None or self.check.same_code_reference:
             return  # (a same-code reference has the DTensors itself)
-        with warnings.catch_warnings(), _quiet_torch_logs():
+        with warnings.catch_warnings(), quiet_torch_logs():
             warnings.simplefilter("ignore")
             program = reference.program.run_decompositions(dtensor.decomposition_table())
         reference.graph = to_graph(program, "reference", None, 1)
@@ -598,7 +338,7 @@ class CheckCapture:
                 if self.check.gradients is not None:
                     graph = self._rank_joint_graph(module, values, meta_inputs, reference.graph, rank, world_size)
                 else:
-                    program = _export(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
+                    program = export_module(module, meta_inputs, f"tracing rank {rank} of {world_size}", plan)
                     graph = to_graph(program, f"rank{rank}", rank, world_size, group_ranks)
                 graph.plan_entries = plan
                 graph.plan_layouts = dtensor.plan_layouts(module, built.applied_styles)
@@ -620,9 +360,9 @@ class CheckCapture:
     ) -> tuple[Graph, torch.export.ExportedProgram | None]:
         """The reference's graph, and its exported program (None for a joint forward-backward graph)."""
         if self.check.gradients is not None:
-            joint = _trace_joint(module, inputs, self._step("reference_step"), f"{stage} (with gradients)")
-            return _joint_graph(joint, "reference", None, 1, resolve), None
-        program = _export(module, inputs, stage)
+            joint = trace_with_gradients(module, inputs, self._step("reference_step"), f"{stage} (with gradients)")
+            return joint_graph(joint, "reference", None, 1, resolve), None
+        program = export_module(module, inputs, stage)
         return to_graph(program, "reference", None, 1, resolve), program
 
     def _step(self, which: str) -> Callable[..., Any] | None:
@@ -664,8 +404,10 @@ class CheckCapture:
                     "that parameter whole or as one block" + (f" ({'; '.join(holders[:2])})" if holders else "")
                 )
         step = self._step("parallel_step")
-        joint = _trace_joint(module, inputs, step, f"tracing rank {rank} of {world_size} (with gradients)", wanted)
-        graph = _joint_graph(joint, f"rank{rank}", rank, world_size, group_ranks)
+        joint = trace_with_gradients(
+            module, inputs, step, f"tracing rank {rank} of {world_size} (with gradients)", wanted
+        )
+        graph = joint_graph(joint, f"rank{rank}", rank, world_size, group_ranks)
         graph.gradient_gaps = gaps
         return graph
 
@@ -751,6 +493,6 @@ class CheckCapture:
                         f"{reference_name!r}, which does not exist (write `<relation> of <reference name>`)",
                         self.project.site(line),
                     )
-                expr = _override(expr, relation, reference, rank, world_size)
+                expr = declared_relation(expr, relation, reference, rank, world_size)
             values[exported_name] = expr
         return values

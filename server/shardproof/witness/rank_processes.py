@@ -385,7 +385,7 @@ def load_reference_values(
     module: nn.Module, reference: nn.Module, relation_override: RelationOverride, rank: int, world_size: int
 ) -> None:
     """Every rank tensor gets its value from the reference tensor of the same name, under the
-    relation the static proof assumes for the same code (see `capture.program.same_code_relation`):
+    relation the static proof assumes for the same code (see `capture.same_code.same_code_relation`):
     a declaration first, else the same shape is the same tensor and a shape `world_size` times
     smaller along one dim is the rank's contiguous block. Anything else keeps what the builder made."""
 
