@@ -14,10 +14,8 @@ scaling of bias shares come out of the builder's own calls, each with the user l
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -34,9 +32,7 @@ from ..relations.expr import (
     Expr,
     Fresh,
     Opaque,
-    PermuteOf,
     ScaleOf,
-    SliceOf,
     ViewOf,
     constant_digest,
     is_deterministic,
@@ -45,6 +41,7 @@ from ..relations.expr import (
 from .frames import LiveSites
 from .lowering_tables import _all_zeros
 from .meta_ops import leaves
+from .storage_regions import Box, Region, StorageRecord, decode, read_box, refined, row_major
 
 _DETERMINISTIC_FACTORIES = {
     "zeros",
@@ -111,271 +108,6 @@ def _dtype(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-@dataclass
-class _Region:
-    offset: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-
-    @staticmethod
-    def of(tensor: torch.Tensor) -> _Region:
-        return _Region(tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
-
-
-@dataclass
-class _Box:
-    """A region decoded against a storage's layout: per layout dim start/length, plus the order
-    in which the region's non-unit dims walk the layout dims."""
-
-    starts: tuple[int, ...]
-    lengths: tuple[int, ...]
-    order: tuple[int, ...]  # layout dims in the region's dim order (non-unit region dims only)
-    steps: tuple[int, ...] = ()  # per layout dim, the step between the elements taken (none: all 1)
-
-    def step(self, d: int) -> int:
-        return self.steps[d] if self.steps else 1
-
-
-def _decode(layout: _Region, region: _Region) -> _Box | None:
-    """Express `region` as a box of `layout` (both strided views of one storage), or None."""
-    relative = region.offset - layout.offset
-    if relative < 0:
-        return None
-    dims = sorted(range(len(layout.shape)), key=lambda d: -layout.stride[d])
-    starts = [0] * len(layout.shape)
-    for d in dims:
-        if layout.shape[d] == 1 or layout.stride[d] == 0:
-            continue
-        starts[d], relative = divmod(relative, layout.stride[d])
-    if relative != 0:
-        return None
-    lengths = [1] * len(layout.shape)
-    steps = [1] * len(layout.shape)
-    order: list[int] = []
-    used: set[int] = set()
-    for size, stride in zip(region.shape, region.stride, strict=True):
-        if size == 1:
-            continue
-        free = [d for d in range(len(layout.shape)) if d not in used and layout.shape[d] > 1]
-        match = [d for d in free if layout.stride[d] == stride]
-        if not match and stride > 0:
-            # every k-th element of one dim (`W[rank::world_size]`): the dim of the largest stride
-            # that divides the region's, taken with that step
-            steppable = [d for d in free if layout.stride[d] > 0 and stride % layout.stride[d] == 0]
-            match = sorted(steppable, key=lambda d: -layout.stride[d])
-        if not match:
-            return None
-        d = match[0]
-        used.add(d)
-        lengths[d] = size
-        steps[d] = stride // layout.stride[d]
-        order.append(d)
-    for d in range(len(layout.shape)):
-        if starts[d] + (lengths[d] - 1) * steps[d] + 1 > layout.shape[d]:
-            return None
-    return _Box(tuple(starts), tuple(lengths), tuple(order), tuple(steps) if any(k > 1 for k in steps) else ())
-
-
-def _row_major(region: _Region) -> bool:
-    """Whether the region's elements are consecutive in row-major order (unit dims have any stride)."""
-    expected = 1
-    for size, step in zip(reversed(region.shape), reversed(region.stride), strict=True):
-        if size != 1 and step != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _refined(layout: _Region, region: _Region) -> _Region | None:
-    """`layout` with its dims split where the region's strides fall inside them, so that each of the
-    region's dims walks one dim of it (a weight viewed as (parts, heads, head_dim, hidden) and
-    narrowed to some heads: in the weight's rows, runs of rows a period apart), or None.
-
-    A layout dim of stride S and size L is split at the strides of the region dims that fall in
-    it (multiples of S below S * L): into (S L / s1, s1 / s2, ..., sk / S), each a divisor of the
-    one before. Only the strides are cut points, not where a region dim's run ends, so a run of
-    consecutive rows stays one slice of one dim (the form the selection rules follow)."""
-    shape: list[int] = []
-    stride: list[int] = []
-    for size, step in zip(layout.shape, layout.stride, strict=True):
-        if size == 1 or step == 0:
-            shape.append(size)
-            stride.append(step)
-            continue
-        top = step * size
-        cuts = sorted(
-            {top, step}
-            | {
-                s
-                for n, s in zip(region.shape, region.stride, strict=True)
-                if n > 1 and step < s < top and s % step == 0
-            },
-            reverse=True,
-        )
-        for above, below in itertools.pairwise(cuts):
-            if above % below:
-                return None
-            shape.append(above // below)
-            stride.append(below)
-    if len(shape) == len(layout.shape):
-        return None  # nothing split: the plain decoding already said no
-    return _Region(layout.offset, tuple(shape), tuple(stride))
-
-
-def _read_box(
-    content: Expr,
-    layout_shape: tuple[int, ...],
-    box: _Box,
-    out_shape: tuple[int, ...],
-    dtype: str,
-    site: SourceSite | None,
-) -> Expr:
-    expr = content
-    nd = len(layout_shape)
-    for d in range(nd):
-        if box.step(d) > 1:
-            expr = _read_every_kth(expr, d, box.starts[d], box.lengths[d], box.step(d), dtype, site)
-            if expr is None:
-                return Opaque(op="strided view", sources=(content,), shape=out_shape, dtype=dtype, site=site)
-        elif box.lengths[d] != layout_shape[d]:
-            sliced_shape = tuple(box.lengths[k] if k == d else expr.shape[k] for k in range(nd))
-            expr = SliceOf(
-                source=expr,
-                dim=d - nd,
-                start=box.starts[d],
-                end=box.starts[d] + box.lengths[d],
-                shape=sliced_shape,
-                dtype=dtype,
-                site=site,
-            )
-    if list(box.order) != sorted(box.order):
-        # Bring the mapped dims into the region's order; unit dims keep their places.
-        perm = list(range(nd))
-        mapped_positions = sorted(box.order)
-        for position, d in zip(mapped_positions, box.order, strict=True):
-            perm[position] = d
-        permuted_shape = tuple(expr.shape[p] for p in perm)
-        expr = PermuteOf(source=expr, perm=tuple(perm), shape=permuted_shape, dtype=dtype, site=site)
-    if tuple(expr.shape) != tuple(out_shape):
-        expr = ViewOf(source=expr, shape=tuple(out_shape), dtype=dtype, site=site)
-    return expr
-
-
-def _read_every_kth(
-    expr: Expr, d: int, start: int, length: int, step: int, dtype: str, site: SourceSite | None
-) -> Expr | None:
-    """Elements start, start + step, ... (length of them) of dim d, as data movement the rules
-    follow: the span of whole groups of `step` is split into (length, step), the offset within a
-    group is sliced and the unit dim merged away. None when the last group runs past the dim."""
-    nd = len(expr.shape)
-    base, offset = start - start % step, start % step
-    if base + length * step > expr.shape[d]:
-        return None
-
-    def shaped(dim_sizes: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(expr.shape[:d]) + dim_sizes + tuple(expr.shape[d + 1 :])
-
-    if (base, base + length * step) != (0, expr.shape[d]):
-        span = shaped((length * step,))
-        end = base + length * step
-        expr = SliceOf(source=expr, dim=d - nd, start=base, end=end, shape=span, dtype=dtype, site=site)
-    grouped = ViewOf(source=expr, shape=shaped((length, step)), dtype=dtype, site=site)
-    within = d + 1 - (nd + 1)  # the step's dim, negative
-    picked = SliceOf(
-        source=grouped, dim=within, start=offset, end=offset + 1, shape=shaped((length, 1)), dtype=dtype, site=site
-    )
-    return ViewOf(source=picked, shape=shaped((length,)), dtype=dtype, site=site)
-
-
-@dataclass
-class _Write:
-    box: _Box
-    expr: Expr  # already in layout dim order, shaped like the box
-
-
-@dataclass
-class _StorageRecord:
-    storage: Any  # keeps the storage alive so its key is never reused while tracking
-    layout: _Region
-    dtype: str
-    initial: Expr
-    writes: list[_Write] = field(default_factory=list)
-    _content: Expr | None = None
-
-    def content(self) -> Expr:
-        if self._content is None:
-            self._content = _apply_writes(self)
-        return self._content
-
-    def write(self, box: _Box, expr: Expr) -> None:
-        self.writes.append(_Write(box, expr))
-        self._content = None
-
-
-def _is_full(box: _Box, shape: tuple[int, ...]) -> bool:
-    return all(s == 0 and n == full for s, n, full in zip(box.starts, box.lengths, shape, strict=True))
-
-
-def _apply_writes(record: _StorageRecord) -> Expr:
-    shape = record.layout.shape
-    nd = len(shape)
-    writes = list(record.writes)
-    base: Expr = record.initial
-    for index in range(len(writes) - 1, -1, -1):
-        if _is_full(writes[index].box, shape):
-            base = writes[index].expr
-            writes = writes[index + 1 :]
-            break
-    if not writes:
-        return base
-    partial_dims = {d for w in writes for d in range(nd) if w.box.lengths[d] != shape[d]}
-    if len(partial_dims) != 1:
-        site = writes[-1].expr.site
-        return Opaque(
-            op="writes into several dimensions",
-            sources=(base, *[w.expr for w in writes]),
-            shape=shape,
-            dtype=record.dtype,
-            site=site,
-        )
-    (d,) = partial_dims
-    # Segments along d: (start, end, expr, expr_start) where expr covers [expr_start, ...).
-    segments: list[tuple[int, int, Expr, int]] = [(0, shape[d], base, 0)]
-    for w in writes:
-        start, end = w.box.starts[d], w.box.starts[d] + w.box.lengths[d]
-        updated: list[tuple[int, int, Expr, int]] = []
-        for s, e, ex, ex_start in segments:
-            if e <= start or s >= end:
-                updated.append((s, e, ex, ex_start))
-                continue
-            if s < start:
-                updated.append((s, start, ex, ex_start))
-            if e > end:
-                updated.append((end, e, ex, ex_start))
-        updated.append((start, end, w.expr, start))
-        segments = sorted(updated, key=lambda seg: seg[0])
-    parts: list[Expr] = []
-    for s, e, ex, ex_start in segments:
-        if s == ex_start and e - s == ex.shape[d]:
-            parts.append(ex)
-        else:
-            part_shape = tuple(e - s if k == d else shape[k] for k in range(nd))
-            parts.append(
-                SliceOf(
-                    source=ex,
-                    dim=d - nd,
-                    start=s - ex_start,
-                    end=e - ex_start,
-                    shape=part_shape,
-                    dtype=record.dtype,
-                    site=ex.site,
-                )
-            )
-    if len(parts) == 1:
-        return parts[0]
-    return CatOf(parts=tuple(parts), dim=d - nd, shape=shape, dtype=record.dtype, site=writes[-1].expr.site)
-
-
 def _scalar_factor(value: Any) -> Fraction | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -391,7 +123,7 @@ class ProvenanceTracker(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self._records: dict[int, _StorageRecord] = {}
+        self._records: dict[int, StorageRecord] = {}
         # Views share their input's storage and are read through their region on demand; the
         # site that made each view is kept so a slice points at the line that took it.
         self._view_sites: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], SourceSite | None] = {}
@@ -400,34 +132,34 @@ class ProvenanceTracker(TorchDispatchMode):
     # -- public API -------------------------------------------------------------------------
     def register(self, tensor: torch.Tensor, expr: Expr) -> None:
         """Declare the content of `tensor`'s storage (used for reference parameters)."""
-        self._records[_storage_key(tensor)] = _StorageRecord(
-            tensor.untyped_storage(), _Region.of(tensor), _dtype(tensor), expr
+        self._records[_storage_key(tensor)] = StorageRecord(
+            tensor.untyped_storage(), Region.of(tensor), _dtype(tensor), expr
         )
 
     def expr_of(self, tensor: torch.Tensor) -> Expr:
         record = self._records.get(_storage_key(tensor))
         if record is None:
             return Fresh(reason="created outside the traced builder", shape=tuple(tensor.shape), dtype=_dtype(tensor))
-        region = _Region.of(tensor)
+        region = Region.of(tensor)
         if region == record.layout:
             return record.content()
         site = self._view_sites.get((_storage_key(tensor), region.offset, region.shape, region.stride))
         whole = region.offset == record.layout.offset and math.prod(region.shape) == math.prod(record.layout.shape)
-        if whole and _row_major(record.layout) and _row_major(region):
+        if whole and row_major(record.layout) and row_major(region):
             # the whole of a contiguous storage read in another shape (a reshape that merges dims)
             content = record.content()
             source = content.source if isinstance(content, ViewOf) else content  # one view of a view
             if tuple(source.shape) == tuple(region.shape):  # viewed back to its own shape: itself
                 return source
             return ViewOf(source=source, shape=region.shape, dtype=_dtype(tensor), site=site)
-        box = _decode(record.layout, region)
+        box = decode(record.layout, region)
         content, layout_shape = record.content(), record.layout.shape
         if box is None:
-            refined = _refined(record.layout, region)
-            box = _decode(refined, region) if refined is not None else None
-            if box is not None and refined is not None:
-                content = ViewOf(source=content, shape=refined.shape, dtype=_dtype(tensor), site=site)
-                layout_shape = refined.shape
+            finer = refined(record.layout, region)
+            box = decode(finer, region) if finer is not None else None
+            if box is not None and finer is not None:
+                content = ViewOf(source=content, shape=finer.shape, dtype=_dtype(tensor), site=site)
+                layout_shape = finer.shape
         if box is None:
             return Opaque(
                 op="strided view",
@@ -436,7 +168,7 @@ class ProvenanceTracker(TorchDispatchMode):
                 dtype=_dtype(tensor),
                 site=site,
             )
-        return _read_box(content, layout_shape, box, tuple(tensor.shape), _dtype(tensor), site)
+        return read_box(content, layout_shape, box, tuple(tensor.shape), _dtype(tensor), site)
 
     # -- dispatch -------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
@@ -462,8 +194,8 @@ class ProvenanceTracker(TorchDispatchMode):
         return [t for t in leaves(value) if isinstance(t, torch.Tensor)]
 
     def _new(self, tensor: torch.Tensor, expr: Expr) -> None:
-        self._records[_storage_key(tensor)] = _StorageRecord(
-            tensor.untyped_storage(), _Region.of(tensor), _dtype(tensor), expr
+        self._records[_storage_key(tensor)] = StorageRecord(
+            tensor.untyped_storage(), Region.of(tensor), _dtype(tensor), expr
         )
 
     def _site(self) -> SourceSite | None:
@@ -496,7 +228,7 @@ class ProvenanceTracker(TorchDispatchMode):
             return
         site = self._site()
         for view in views:
-            region = _Region.of(view)
+            region = Region.of(view)
             self._view_sites[(_storage_key(view), region.offset, region.shape, region.stride)] = site
 
     def _write(self, op: str, target: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -505,9 +237,9 @@ class ProvenanceTracker(TorchDispatchMode):
         shape, dtype = tuple(target.shape), _dtype(target)
         site = self._site()
         if record is None:
-            record = _StorageRecord(
+            record = StorageRecord(
                 target.untyped_storage(),
-                _Region.of(target),
+                Region.of(target),
                 dtype,
                 Fresh(reason="created outside the traced builder", shape=shape, dtype=dtype),
             )
@@ -546,11 +278,11 @@ class ProvenanceTracker(TorchDispatchMode):
         if record is None:
             self._new(target, expr)
             return
-        region = _Region.of(target)
-        box = _decode(record.layout, region)
+        region = Region.of(target)
+        box = decode(record.layout, region)
         if box is None or list(box.order) != sorted(box.order) or box.steps:
             record.write(
-                _Box((0,) * len(record.layout.shape), record.layout.shape, ()),
+                Box((0,) * len(record.layout.shape), record.layout.shape, ()),
                 Opaque(
                     op="write through a strided view",
                     sources=(record.content(), expr),
