@@ -1,12 +1,134 @@
-"""Instances of the elementwise rules that move an op across a view (verify/rules.py)."""
+"""Instances of the elementwise rules: an op that keeps a selection or a window, and one that moves
+across a view (verify/rules.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..capture.lowering_tables import _UNARY
+from ..capture.lowering_tables import _BINARY, _UNARY
 from .harness import Gen
-from .instances import _FLOAT_BINARY, _members, _scrambled_whole, _selected, _shape, instance, near_miss
+from .instances import _members, _scrambled_whole, _selected, _shape, instance, near_miss
+from .layout_instances import _window
+
+# ---------------------------------------------------------------------------------------------
+# elementwise
+# ---------------------------------------------------------------------------------------------
+_FLOAT_BINARY = sorted(set(_BINARY.values()) - {"or", "and", "xor"})
+
+
+@instance("unary-keeps-selection", "unary-keeps-window")
+def _(g: Gen) -> dict[str, Any]:
+    ops = sorted(_UNARY) + [f"cast_{dtype}" for dtype in ("float32", "bfloat16", "int64", "bool")]
+    f = g.pick(ops)
+    bindings = _window(g, g.int(-3, -1)) if g.rule == "unary-keeps-window" else _selected(g)
+    if f == "bitwise_not":
+        bindings["X"] = (bindings["X"] * 10).long()
+    return bindings | {"f": f}
+
+
+@instance("scalar-keeps-selection", "int-scalar-keeps-selection")
+def _(g: Gen) -> dict[str, Any]:
+    f = g.pick(_FLOAT_BINARY + ["r" + name for name in _FLOAT_BINARY if name != "rsub"])
+    c = g.int(1, 3) if g.rule.startswith("int") else str(g.pick((0.5, -1.25, 2.0)))
+    return _selected(g) | {"f": f, "c": c}
+
+
+def _operands(g: Gen, broadcast: str) -> dict[str, Any]:
+    """A selected operand A and a second operand B of the same shape, broadcast along d, or of lower rank."""
+    bindings = _selected(g)
+    X, d = bindings.pop("X"), bindings["d"]
+    shape = list(X.shape)
+    if broadcast == "unit":
+        shape[d] = 1
+    elif broadcast == "lower":  # only the dims right of d (a bias over the last dims, or a scalar)
+        shape = shape[d + 1 :] if d < -1 else []
+    other = g.tensor(*shape)
+    return bindings | {"A": X, "B": other, "f": g.pick(_FLOAT_BINARY)}
+
+
+def _swap(bindings: dict[str, Any]) -> dict[str, Any]:
+    return bindings | {"A": bindings["B"], "B": bindings["A"]}
+
+
+@instance("binary-both-selected")
+def _(g: Gen) -> dict[str, Any]:
+    return _operands(g, "same")
+
+
+@instance("binary-left-selected-right-broadcast")
+def _(g: Gen) -> dict[str, Any]:
+    return _operands(g, "unit")
+
+
+@instance("binary-right-selected-left-broadcast")
+def _(g: Gen) -> dict[str, Any]:
+    return _swap(_operands(g, "unit"))
+
+
+@instance("binary-left-selected-right-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    return _operands(g, "lower")
+
+
+@instance("binary-right-selected-left-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    return _swap(_operands(g, "lower"))
+
+
+def _unbroadcast_operand(g: Gen) -> dict[str, Any]:
+    """B has the full dim where A is selected: the rank's selection would meet the wrong B entries."""
+    bindings = _operands(g, "same")
+    bindings["R"] = _scrambled_whole(g, bindings["A"].shape[bindings["d"]])
+    bindings["f"] = g.pick(("add", "mul", "sub"))
+    return bindings
+
+
+@near_miss("binary-left-selected-right-broadcast", "binary-left-selected-right-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    return _unbroadcast_operand(g)
+
+
+@near_miss("binary-right-selected-left-broadcast", "binary-right-selected-left-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    return _swap(_unbroadcast_operand(g))
+
+
+@instance("fill-selected-mask-broadcast")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    shape = list(bindings["X"].shape)
+    shape[bindings["d"]] = 1
+    return bindings | {"M": g.mask(*shape), "v": g.pick(("0.0", "-inf", "1.5"))}
+
+
+@instance("fill-selected-mask-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    while bindings["d"] == -1:  # the mask needs a dim after d
+        bindings = _selected(g)
+    kept = g.int(1, -bindings["d"] - 1)  # the mask has only (some of) the dims after d
+    shape = list(bindings["X"].shape)[-kept:]
+    return bindings | {"M": g.mask(*shape), "v": g.pick(("0.0", "-inf", "1.5"))}
+
+
+@near_miss("fill-selected-mask-broadcast", "fill-selected-mask-lower-rank")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    bindings["R"] = _scrambled_whole(g, bindings["X"].shape[bindings["d"]])
+    return bindings | {"M": g.mask(*bindings["X"].shape), "v": "0.0"}
+
+
+@instance("fill-both-selected")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    return bindings | {"M": g.mask(*bindings["X"].shape), "v": g.pick(("0.0", "-inf"))}
+
+
+@instance("where-all-selected")
+def _(g: Gen) -> dict[str, Any]:
+    bindings = _selected(g)
+    shape = bindings["X"].shape
+    return {"C": g.mask(*shape), "A": bindings["X"], "B": g.tensor(*shape), "d": bindings["d"], "R": bindings["R"]}
 
 
 def _unary(g: Gen) -> str:

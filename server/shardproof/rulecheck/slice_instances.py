@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .elementwise_instances import _unary
+from .contraction_instances import _linear
+from .elementwise_instances import _FLOAT_BINARY, _unary
 from .harness import Gen
-from .instances import _FLOAT_BINARY, _linear, _shape, _two_pieces, instance, instance_and_near_miss, near_miss
+from .instances import _shape, _two_pieces, instance, instance_and_near_miss, near_miss
 
 
 @instance("linear-of-leading-slice")
