@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .harness import Gen
+from .generation import Gen
 from .instances import _ATTRS, _scrambled_whole, instance, instance_and_near_miss, near_miss
 from .meaning import range_list
 

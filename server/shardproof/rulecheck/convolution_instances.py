@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .harness import Gen
+from .generation import Gen
 from .instances import instance, near_miss
 from .meaning import range_list
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..capture.lowering_tables import _BINARY, _UNARY
-from .harness import Gen
+from .generation import Gen
 from .instances import _members, _scrambled_whole, _selected, _shape, instance, near_miss
 from .layout_instances import _window
 

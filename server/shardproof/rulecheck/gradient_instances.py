@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .harness import Gen
+from .generation import Gen
 from .instances import _members, _selected, _shape, _two_pieces, instance, instance_and_near_miss
 from .layout_instances import _window
 from .reduction_instances import _logits_and_targets, _term_tiling, _two_partials, _vocab

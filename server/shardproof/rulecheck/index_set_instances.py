@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .harness import Gen
+from .generation import Gen
 from .instances import _members, _shape, instance, instance_and_near_miss, near_miss
 from .meaning import MultiSet, indices, range_list
 

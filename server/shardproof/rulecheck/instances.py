@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .harness import Gen, Recipe, class_facts
+from .generation import Gen, Recipe
+from .harness import class_facts
 from .meaning import indices, range_list
 
 INSTANCES: dict[str, Recipe] = {}

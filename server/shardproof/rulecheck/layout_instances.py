@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .harness import Gen
+from .generation import Gen
 from .instances import _pairs, _selected, _shape, _two_or_more, instance, instance_and_near_miss, near_miss
 from .meaning import indices, range_list
 

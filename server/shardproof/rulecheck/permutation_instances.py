@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .elementwise_instances import _FLOAT_BINARY, _unary
-from .harness import Gen
+from .generation import Gen
 from .instances import _shape, instance, instance_and_near_miss, near_miss
 
 _ARITHMETIC = ("add", "sub", "mul", "div", "maximum", "rsub")

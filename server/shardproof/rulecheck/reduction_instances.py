@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .harness import Gen
+from .generation import Gen
 from .instances import _members, _shape, instance, instance_and_near_miss, near_miss
 from .meaning import MultiSet, outside
 

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ..verify import scalars
-from .harness import Gen, RecipeError
+from .generation import Gen, RecipeError
 from .instances import _shape, instance, near_miss
 
 _SCALINGS = ("mul", "div", "rmul")

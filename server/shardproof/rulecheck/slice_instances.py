@@ -8,7 +8,7 @@ from typing import Any
 
 from .contraction_instances import _linear
 from .elementwise_instances import _FLOAT_BINARY, _unary
-from .harness import Gen
+from .generation import Gen
 from .instances import _shape, _two_pieces, instance, instance_and_near_miss, near_miss
 
 
