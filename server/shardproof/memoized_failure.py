@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .localize.diagnose import Evidence, explain
@@ -49,6 +50,20 @@ if TYPE_CHECKING:
 ProveFn = Callable[[list["Unit"]], list["UnitProof"]]
 
 
+@dataclass
+class FailedRun:
+    """The memoized run that did not prove its model, as localizing it needs it: what it captured,
+    the check, how to prove units, and the timings and statistics its result reports."""
+
+    captured: MemoizedCapture
+    check: Check
+    project: Project
+    world_size: int
+    prove: ProveFn
+    seconds: dict[str, float]
+    stats: dict[str, object]
+
+
 def too_large_for_numbers(captured: MemoizedCapture) -> int | None:
     """The reference's parameter elements when the numeric witness refuses a model that size on
     its full configuration, else None (the plain run can then still show a difference)."""
@@ -62,20 +77,13 @@ def too_large_for_numbers(captured: MemoizedCapture) -> int | None:
     return total if total > MAX_PARAMETER_ELEMENTS else None
 
 
-def localize_template(
-    captured: MemoizedCapture,
-    failed: TemplateUnit,
-    check: Check,
-    project: Project,
-    world_size: int,
-    prove: ProveFn,
-    seconds: dict[str, float],
-    stats: dict[str, object],
-) -> WorldSizeResult | None:
+def localize_template(run: FailedRun, failed: TemplateUnit) -> WorldSizeResult | None:
     """The failed template localized at its first instance (see the module docstring); None when
     the skeleton does not prove that instance's inputs related as the template assumed."""
     from .capture.blocks import parse_key
     from .units import Unit
+
+    captured = run.captured
 
     contracts = {contract.rank: contract for contract in failed.contracts}
     skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units, failed.template)
@@ -87,7 +95,7 @@ def localize_template(
     template, reference_values, ranks = block_contracts.with_assumed_inputs(
         failed.reference, failed.reference_values, failed.ranks, failed.contracts
     )
-    premises, block = prove(
+    premises, block = run.prove(
         [
             Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws, outputs_only=False),
             Unit(template, reference_values, ranks, outputs_only=False),
@@ -129,75 +137,58 @@ def localize_template(
     reference = _as_instance(template, instance)
     index = RelationIndex(reference, named, block.saturation.facts or {})
     return _finding_result(
+        run,
         reference,
         named,
         [values for _, values in ranks],
         index,
         block,
         failing,
-        check,
-        project,
-        world_size,
-        seconds,
-        stats,
         f"block {instance} (one template for {len(failed.instances)} repeated blocks), on inputs proven to relate as"
         " that block's proof assumes",
     )
 
 
-def localize_skeleton(
-    captured: MemoizedCapture,
-    check: Check,
-    project: Project,
-    world_size: int,
-    prove: ProveFn,
-    seconds: dict[str, float],
-    stats: dict[str, object],
-) -> WorldSizeResult | None:
+def localize_skeleton(run: FailedRun) -> WorldSizeResult | None:
     """The skeleton localized with every template's law (every template proven)."""
     from .units import Unit
 
+    captured = run.captured
     skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
-    (proof,) = prove(
+    (proof,) = run.prove(
         [Unit(captured.reference.skeleton, captured.reference.values, skeletons, laws, outputs_only=False)]
     )
     if proof.index is None:
         return None
-    _, failing = output_relations(proof.index, proof.reference, proof.ranks, check.outputs)
+    _, failing = output_relations(proof.index, proof.reference, proof.ranks, run.check.outputs)
     if not failing:
         return None
     return _finding_result(
+        run,
         proof.reference,
         proof.ranks,
         [values for _, values in skeletons],
         proof.index,
         proof,
         failing,
-        check,
-        project,
-        world_size,
-        seconds,
-        stats,
         "the program outside its repeated blocks",
     )
 
 
 def _finding_result(
+    run: FailedRun,
     reference: Graph,
     ranks: list[Graph],
     rank_values: list[dict[str, Expr]],
     index: RelationIndex,
     proof: UnitProof,
     failing: list[int],
-    check: Check,
-    project: Project,
-    world_size: int,
-    seconds: dict[str, float],
-    stats: dict[str, object],
     where: str,
 ) -> WorldSizeResult:
     from .witness.run import witness
     from .witness.trials import compared_constants
+
+    check, world_size = run.check, run.world_size
 
     evidence = Evidence(
         reference,
@@ -210,13 +201,13 @@ def _finding_result(
         law_targets=proof.encoded.law_targets,
     )
     finding = explain(evidence, failing)
-    result = WorldSizeResult(world_size, "unproven", seconds=seconds, stats=stats | {"localized_in": where})
+    result = WorldSizeResult(world_size, "unproven", seconds=run.seconds, stats=run.stats | {"localized_in": where})
 
     def run_witness(found: Discrepancy) -> dict[str, object]:
         node = reference.node_map().get(found.reference_node)
         module_path = node.module_path if node is not None else ""
         return witness(
-            check, project, world_size, module_path, found.kind, None, compared_constants([reference, *ranks])
+            check, run.project, world_size, module_path, found.kind, None, compared_constants([reference, *ranks])
         )
 
     compared = evidence.outputs_of if evidence.outputs_of is not None else list(range(len(ranks)))

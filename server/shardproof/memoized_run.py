@@ -15,8 +15,8 @@ from .verify.partition import HALVE_FROM, Part, partition_block, proven
 
 if TYPE_CHECKING:
     from .capture.memoized import TemplateUnit
-    from .capture.program import CheckCapture
     from .config import Check
+    from .memoized_failure import FailedRun
     from .pipeline import ProgressFn
     from .verify.sandbox import Sandbox
 
@@ -66,11 +66,15 @@ def verify_memoized(
         proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer)
         if failed is not None and finer:
             proofs, failed = _prove_templates(captured.units, skeleton, sandbox, check, finer=False)
-        if failed is not None:
-            return _not_proven(captured, failed, capture, check, world_size, sandbox, progress, seconds, stats, start)
-        outputs = proofs[-1].outputs(check.outputs)
+        outputs = proofs[-1].outputs(check.outputs) if failed is None else None
         if outputs is None:
-            return _not_proven(captured, None, capture, check, world_size, sandbox, progress, seconds, stats, start)
+            from .memoized_failure import FailedRun
+
+            def prove(units: list[Unit]) -> list[UnitProof]:
+                return prove_units(sandbox, check, units)
+
+            run = FailedRun(captured, check, capture.project, world_size, prove, seconds, stats)
+            return _not_proven(run, failed, progress, start)
         seconds["verification"] = time.perf_counter() - start
         stats |= {
             "reference_nodes": len(captured.reference.skeleton.nodes),
@@ -128,37 +132,20 @@ def _prove_templates(
 
 
 def _not_proven(
-    captured: object,
-    failed: object,
-    capture: CheckCapture,
-    check: Check,
-    world_size: int,
-    sandbox: Sandbox,
-    progress: ProgressFn,
-    seconds: dict[str, float],
-    stats: dict[str, object],
-    start: float,
+    run: FailedRun, failed: TemplateUnit | None, progress: ProgressFn, start: float
 ) -> WorldSizeResult | None:
     """A memoized run not proven: None (the plain run decides), or for a model too large to run
     with real numbers, the failed unit localized (memoized_failure.py)."""
     from . import memoized_failure
-    from .capture.memoized import MemoizedCapture, TemplateUnit
 
-    assert isinstance(captured, MemoizedCapture)
-    elements = memoized_failure.too_large_for_numbers(captured)
+    elements = memoized_failure.too_large_for_numbers(run.captured)
     if elements is None:
         return None
-    progress(check.name, world_size, "localization")
-    stats = stats | {"parameter_elements": elements}
-
-    def prove(units: list[Unit]) -> list[UnitProof]:
-        return prove_units(sandbox, check, units)
-
-    if isinstance(failed, TemplateUnit):
-        found = memoized_failure.localize_template(
-            captured, failed, check, capture.project, world_size, prove, seconds, stats
-        )
+    progress(run.check.name, run.world_size, "localization")
+    run.stats = run.stats | {"parameter_elements": elements}
+    if failed is not None:
+        found = memoized_failure.localize_template(run, failed)
     else:
-        found = memoized_failure.localize_skeleton(captured, check, capture.project, world_size, prove, seconds, stats)
-    seconds["verification"] = time.perf_counter() - start
+        found = memoized_failure.localize_skeleton(run)
+    run.seconds["verification"] = time.perf_counter() - start
     return found

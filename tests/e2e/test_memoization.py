@@ -182,14 +182,14 @@ def test_ranks_with_equal_skeleton_records_share_one_traced_skeleton(
     project = _deep_project(tmp_path, ONE_LAYER_WRONG.replace("self.index != 4", "True"), "[4]")
     monkeypatch.setenv("SHARDPROOF_JOBS", "1")
     traced_skeletons: list[str] = []
-    export = memoized._export
+    export = memoized.export_module
 
     def counting(module, inputs, stage, *rest):
         if stage.endswith("(skeleton)"):
             traced_skeletons.append(stage)
         return export(module, inputs, stage, *rest)
 
-    monkeypatch.setattr(memoized, "_export", counting)
+    monkeypatch.setattr(memoized, "export_module", counting)
 
     def graphs() -> list:
         ranks = memoized.capture_memoized(CheckCapture(project.check("deep"), project), 4).ranks

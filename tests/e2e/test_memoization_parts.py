@@ -41,13 +41,13 @@ def test_lone_modules_traced_apart_read_as_the_program_traced_whole(monkeypatch:
     monkeypatch.setenv("SHARDPROOF_JOBS", "1")
     project = load_project(EXAMPLES / "llama")
     stages: list[str] = []
-    export = memoized._export
+    export = memoized.export_module
 
     def counting(module, inputs, stage, *rest):
         stages.append(stage)
         return export(module, inputs, stage, *rest)
 
-    monkeypatch.setattr(memoized, "_export", counting)
+    monkeypatch.setattr(memoized, "export_module", counting)
     apart = memoized.capture_memoized(CheckCapture(project.check("llama-tp"), project), 4)
     assert sum(s.endswith("(skeleton)") for s in stages) == 2  # the reference's and rank 0's
     assert sum(s.endswith("(module tok_embeddings)") for s in stages) == 5  # each program's own
