@@ -48,7 +48,7 @@ def verify_memoized(
         # what each template must guarantee, and it is checked below that its proof does
         skeletons, laws = block_contracts.skeletons_and_laws(captured.ranks, captured.units)
         if any(not contract.congruent for contract in terms) and not laws:
-            return None  # blocks with more inputs than an opaque call keeps (no rule could relate them)
+            return None  # a block sharded with no inputs: no rule could relate its calls
         sharded = {contract.template for contract in terms if not contract.congruent}
         stats: dict[str, object] = {
             "templates": len(captured.units),

@@ -37,12 +37,11 @@ from ..relations import expr as px
 from ..relations.assumed import Shard, Unrelated, assumed_shard
 from .language import quoted as _q
 from .op_laws import FAMILY
+from .opaque_calls import operand_terms
 from .relations_found import RelationIndex
 
 BLOCK_TARGET = "shardproof::block"
 ASSUMED_INPUT_PREFIX = "shardproof.block-input."
-# the most inputs an opaque call keeps as operands (`Encoder.generic`: more become a leaf)
-MOST_INPUTS = 4
 
 
 @dataclass(frozen=True)
@@ -240,15 +239,16 @@ def rules(contract: Contract) -> list[str]:
     """The contract's law as egglog rules, one per output (see the module docstring). The
     instance's literal arguments (template and path) are matched as `A`, the same in both calls."""
     n = len(contract.inputs)
-    if contract.congruent or not 1 <= n <= MOST_INPUTS:
+    if contract.congruent or n < 1:
         return []
-    full = [f"X{i}" for i in range(n)]
-    own = [full[i] if shard is None else f"x{i}" for i, shard in enumerate(contract.inputs)]
+    # the calls' operands as the encoder writes them (more than four: the rest as one list)
+    full = operand_terms([f"X{i}" for i in range(n)])
+    own = operand_terms([f"X{i}" if shard is None else f"x{i}" for i, shard in enumerate(contract.inputs)])
     found = []
     for index, out in enumerate(contract.outputs):
         premises = [
-            f"(= Y (Op{n} {_q(f'{BLOCK_TARGET}#{index}')} {' '.join(full)} A))",
-            f"(= y (Op{n} {_q(f'{rank_target(contract)}#{index}')} {' '.join(own)} A))",
+            f"(= Y (Op{len(full)} {_q(f'{BLOCK_TARGET}#{index}')} {' '.join(full)} A))",
+            f"(= y (Op{len(own)} {_q(f'{rank_target(contract)}#{index}')} {' '.join(own)} A))",
         ]
         for i, shard in enumerate(contract.inputs):
             if shard is not None:

@@ -23,7 +23,7 @@ from .constant_identities import ConstantIdentities
 from .factored_terms import FactoredTerms
 from .language import quoted as _q
 from .layout_facts import broadcast_facts, composition_facts, expand_facts, permute_facts, view_facts
-from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key
+from .opaque_calls import _between_opaque_calls, collapse_opaque_chains, opaque_attrs, opaque_key, operand_terms
 from .permutations import Permutations
 from .relayout import Exchange
 from .scalars import (
@@ -444,12 +444,11 @@ class Encoder(FactoredTerms, CollectiveLowering, MovementTwins, ConstantIdentiti
     def generic(self, graph: Graph, node: Node, name: str, ins: list[str]) -> None:
         key, attrs = opaque_key(node), opaque_attrs(node)
         meta = node.meta
-        if len(ins) > 4:
-            self.let(name, f"(Leaf {_q(graph.name + '/' + node.id)})", meta)
-        elif not ins:
+        if not ins:
             self.let(name, f"(Op0 {key} {attrs})", meta)
         else:
-            self.let(name, f"(Op{len(ins)} {key} {' '.join(ins)} {attrs})", meta)
+            operands = operand_terms(ins)
+            self.let(name, f"(Op{len(operands)} {key} {' '.join(operands)} {attrs})", meta)
 
     def _repeat_patterns(self, graph: Graph, node: Node) -> list[tuple[str, int, int]]:
         """view(expand(view(x))) that repeats every slice of one dim m times (repeat_interleave).

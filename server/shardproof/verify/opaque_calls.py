@@ -19,6 +19,25 @@ def opaque_attrs(node: Node) -> str:
     return _q(json.dumps(_opaque_payload(node), sort_keys=True, default=str))
 
 
+# The function symbol that holds an opaque call's operands after its third, as a list: terms have at
+# most four operands (`OpN`, language.py). No rule names it, so it means only what congruence says:
+# equal operands, equal lists.
+OPERAND_LIST = _q("shardproof::operands")
+MOST_OPERANDS = 4
+
+
+def operand_terms(operands: list[str]) -> list[str]:
+    """An opaque call's operands as at most `MOST_OPERANDS` terms: the first three, then the rest
+    as one list (a chain of `OPERAND_LIST` pairs). The same call on the same operands gives the
+    same terms, so congruence relates calls of any number of operands, as it does those of four."""
+    if len(operands) <= MOST_OPERANDS:
+        return list(operands)
+    listed = operands[-1]
+    for operand in reversed(operands[MOST_OPERANDS - 1 : -1]):
+        listed = f'(Op2 {OPERAND_LIST} {operand} {listed} "")'
+    return [*operands[: MOST_OPERANDS - 1], listed]
+
+
 def _opaque_payload(node: Node) -> object:
     """What decides an opaque call's result besides its target and inputs: its literal arguments
     and the names of its keyword arguments (whose values are among the arguments)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RULE_LIBRARY_VERSION = "52"
+RULE_LIBRARY_VERSION = "53"
 
 
 @dataclass(frozen=True)
