@@ -55,8 +55,9 @@ def test_library_model_is_verified_against_itself_at_world_size_1(example: str, 
     ]
     for r in result.results:
         assert [o.relation for o in r.outputs] == ["replicated"]
-        # verified in parts at once: before the first layer, and each layer (or its sub-modules)
-        assert r.stats.get("parts", 0) >= 3, r.stats
+        # verified one block for all its layers (memoized), or else in parts at once: before the
+        # first layer, and each layer (or its sub-modules)
+        assert r.stats.get("templates", 0) >= 1 or r.stats.get("parts", 0) >= 3, r.stats
         # Cross-check: proven equal, so numerically equal too (float64, random weights, every input trial).
         numbers = compare_numerically(check, project, r.world_size)
         assert not numbers.differs, (

@@ -23,7 +23,14 @@ memory format, process group or reduction): two such arguments could differ wher
 look equal. A collective's process group is written as its ranks (also when the collective names
 it by a string, which means a group only within one world) and its reduction as its kind; a
 block's own tensors are written with their shapes (ranks holding shards of other sizes run other
-computations even when no size appears among the operations' arguments).
+computations even when no size appears among the operations' arguments). A block's inputs are
+every tensor it receives, positional or keyword (`call_tensors`), in one order.
+
+The run sees the program as `torch.export` sees it (`torch.compiler.is_compiling()` is true, as
+in the traces of step 3): code that skips an eager-only check on values while traced
+(transformers' masking asks whether the program is traced before reading a mask's values, which
+meta tensors do not have) takes here the branch the traces take, and the record is of the
+computation that is traced.
 
 The program outside its blocks is recorded the same way (its operations, each block call with the
 block's record, and every tensor the module holds by name and shape): ranks with equal skeleton
@@ -406,8 +413,6 @@ def record_program(module: nn.Module, inputs: tuple[Any, ...]) -> ProgramRecord:
             block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], instance: BlockInstance = instance
         ) -> None:
             instance.args, instance.kwargs = args, dict(kwargs)
-            if any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(kwargs)):
-                instance.memoizable = False  # a template is traced with its tensors as positional inputs
             recorder.open(instance, args, kwargs)
 
         def post(block: nn.Module, args: Any, kwargs: Any, output: Any, instance: BlockInstance = instance) -> None:
@@ -416,7 +421,10 @@ def record_program(module: nn.Module, inputs: tuple[Any, ...]) -> ProgramRecord:
         handles.append(instance.module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True))
         handles.append(instance.module.register_forward_hook(post, with_kwargs=True, always_call=True))
     try:
-        with torch.no_grad(), recorder, warnings.catch_warnings():
+        # torch.export's own switch: the program sees itself traced (see the module docstring)
+        from torch._export.utils import _compiling_state_context
+
+        with torch.no_grad(), _compiling_state_context(), recorder, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecated collectives: the export reports them, once
             recorder.open_program(module, inputs)
             skeleton = recorder.close_program(module(*inputs))
@@ -459,10 +467,15 @@ class _OpaqueBlock(nn.Module):
         self.instance = instance
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        tensors = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
-        outputs = torch.ops.shardproof.block(tensors, self.instance.key)
+        outputs = torch.ops.shardproof.block(call_tensors(args, kwargs), self.instance.key)
         assert self.instance.output_spec is not None
         return pytree.tree_unflatten(list(outputs), self.instance.output_spec)
+
+
+def call_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors a block call receives, positional and keyword, in one order: its opaque call's
+    inputs, and its template's (capture/memoized.py traces it with them as positional inputs)."""
+    return [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
 
 
 @contextlib.contextmanager

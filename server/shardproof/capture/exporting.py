@@ -52,7 +52,7 @@ def export_module(
         try:
             return _export_once(module, inputs)
         except Exception as exc:  # retried below, else reported at the user line
-            if not _mixes_cpu_into_meta(exc):
+            if not mixes_cpu_into_meta(exc):
                 raise
         # A factory call without a device (`torch.zeros(n)` in forward) makes a CPU tensor, which
         # the real run adds to CPU values and the capture cannot add to meta ones: made on the
@@ -75,9 +75,19 @@ def export_module(
         raise error from None
 
 
-def _mixes_cpu_into_meta(exc: BaseException) -> bool:
+def mixes_cpu_into_meta(exc: BaseException) -> bool:
+    """The error of an operation given a CPU tensor (made by a factory call without a device)
+    beside meta ones."""
     text = str(exc)
-    return "meta and cpu" in text or "cpu and meta" in text or "Expected: meta, Got: cpu" in text
+    return any(
+        said in text
+        for said in (
+            "meta and cpu",
+            "cpu and meta",
+            "Expected: meta, Got: cpu",
+            "on device cpu is not on the expected device meta",  # an elementwise op run on meta tensors
+        )
+    )
 
 
 def _export_once(module: nn.Module, inputs: tuple[Any, ...]) -> torch.export.ExportedProgram:

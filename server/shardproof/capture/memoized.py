@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from ..graph.model import Graph
@@ -26,7 +27,7 @@ from ..relations.expr import Expr
 from ..verify.block_contracts import Contract, call_key, contracts, template_of
 from . import blocks, collector, dtensor
 from .capture_cache import CaptureCache
-from .exporting import export_module
+from .exporting import export_module, mixes_cpu_into_meta
 from .fake_pg import fake_rank, group_ranks
 from .forked import in_own_fork, map_ranks
 from .inline import NotInlined, inline_calls
@@ -102,17 +103,27 @@ class NotMemoizable(Exception):
 
 def capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
     """Capture the reference and every rank in pieces; NotMemoizable when that cannot stand for
-    the plain capture (no repeated block, instances that differ, the same-code pattern)."""
-    if capture.check.same_code_reference:
-        raise NotMemoizable("the reference is the same code at world size 1")
+    the plain capture (no repeated block, instances that differ)."""
     with collector.paused():
         return _capture_memoized(capture, world_size)
 
 
 def _capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture:
+    same_code = capture.check.same_code_reference
     with import_roots(capture.project.python_path):
         pending = None
-        if capture.memoized_reference is None:  # the reference is the same for every world size
+        if capture.memoized_reference is None and same_code:
+            # the parallel code under a one-rank process group (its collectives are the identity),
+            # built, recorded and traced in that one world: what it holds (its groups) lives there
+            meta_inputs = _to_meta(capture.example_inputs())
+            with fake_rank(0, 1):
+                module, reference_values = _build_reference(capture.build_reference, ProvenanceTracker())
+                recorded = _recorded(module, meta_inputs)
+                warm_up_tracing()
+                name = "reference"
+                reference = _traced(module, reference_values, recorded, meta_inputs, name, None, 1, group_ranks)
+            capture.memoized_reference = (reference, meta_inputs)
+        elif capture.memoized_reference is None:  # the reference is the same for every world size
             # built and recorded before the ranks (what rules memoization out shows here first),
             # traced while the other processes capture ranks
             meta_inputs = _to_meta(capture.example_inputs())
@@ -139,7 +150,7 @@ def _capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture
         known = _stored_ranks(store, world_size)
         for pieces in known.values():
             _remember(pieces, traced)
-        if capture.rank_reference is _NOT_BUILT and len(known) < world_size:
+        if capture.rank_reference is _NOT_BUILT and len(known) < world_size and not same_code:
             # the reference every rank's builder receives, built once (None: each rank builds its own)
             with library_shims():
                 capture.rank_reference = build_reference_for_ranks(capture.build_reference)
@@ -151,7 +162,9 @@ def _capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture
             with fake_rank(rank, world_size):
                 # in a fork of its own, a rank may change the shared reference: no other rank sees it
                 prebuilt = shared if in_own_fork() else None
-                built = capture.build_rank(rank, world_size, prebuilt=prebuilt)
+                # (the same code's ranks relate to the one-rank reference by name and shape)
+                same_code_values = capture.memoized_reference[0].values if same_code else None
+                built = capture.build_rank(rank, world_size, same_code_values, prebuilt)
                 parallel, values = built.module, built.values
                 if dtensor.uses_dtensor(parallel):
                     raise NotMemoizable("DTensor programs are decomposed differently (see dtensor.py)")
@@ -224,7 +237,15 @@ def _pieces(
 def _recorded(module: nn.Module, meta_inputs: tuple[Any, ...]) -> blocks.ProgramRecord:
     """The program's block instances, recorded; NotMemoizable when no block repeats."""
     try:
-        recorded = blocks.record_program(module, meta_inputs)
+        try:
+            recorded = blocks.record_program(module, meta_inputs)
+        except Exception as exc:  # retried below, as `export_module` retries its trace
+            if not mixes_cpu_into_meta(exc):
+                raise
+            # a factory call without a device (`torch.arange(n)` in forward) makes its tensor on
+            # the meta device, as the export of the same forward does (exporting.py)
+            with torch.device("meta"):
+                recorded = blocks.record_program(module, meta_inputs)
     except Exception as exc:  # noqa: BLE001 - the plain capture reports user errors at their line
         raise NotMemoizable(f"the eager run on meta tensors failed ({type(exc).__name__})") from None
     memoized = [i for i in recorded.instances if i.memoizable and not i.lone]
@@ -347,18 +368,29 @@ def _same_template(graph: Graph, name: str, rank: int | None) -> Graph:
 
 
 def _export_block(instance: blocks.BlockInstance, stage: str) -> torch.export.ExportedProgram:
+    """The instance traced on its own, with every tensor it received (positional or keyword, in the
+    order `blocks.call_tensors` lists them: the inputs of its opaque call in the skeleton) as a
+    positional input, and every other argument as it was."""
+    leaves, spec = pytree.tree_flatten((instance.args, instance.kwargs))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
     class Call(nn.Module):
-        """The block with the keyword arguments it was called with."""
+        """The block with the arguments it was called with, its tensors given positionally."""
 
         def __init__(self) -> None:
             super().__init__()
             self.block = instance.module
 
-        def forward(self, *args: Any) -> Any:
-            return self.block(*args, **instance.kwargs)
+        def forward(self, *tensors: torch.Tensor) -> Any:
+            given = list(leaves)
+            for position, tensor in zip(positions, tensors, strict=True):
+                given[position] = tensor
+            args, kwargs = pytree.tree_unflatten(given, spec)
+            return self.block(*args, **kwargs)
 
     kind = "module" if instance.lone else "block"
-    return export_module(Call(), instance.args, f"{stage} ({kind} {instance.path})")
+    tensors = tuple(leaves[i] for i in positions)
+    return export_module(Call(), tensors, f"{stage} ({kind} {instance.path})")
 
 
 def _within(values: dict[str, Expr], path: str) -> dict[str, Expr]:
