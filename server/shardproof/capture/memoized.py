@@ -12,6 +12,7 @@ here), because a template stands for all its instances.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -112,30 +113,28 @@ def _capture_memoized(capture: CheckCapture, world_size: int) -> MemoizedCapture
     same_code = capture.check.same_code_reference
     with import_roots(capture.project.python_path):
         pending = None
-        if capture.memoized_reference is None and same_code:
-            # the parallel code under a one-rank process group (its collectives are the identity),
-            # built, recorded and traced in that one world: what it holds (its groups) lives there
-            meta_inputs = _to_meta(capture.example_inputs())
-            with fake_rank(0, 1):
-                module, reference_values = _build_reference(capture.build_reference, ProvenanceTracker())
-                recorded = _recorded(module, meta_inputs)
-                warm_up_tracing()
-                name = "reference"
-                reference = _traced(module, reference_values, recorded, meta_inputs, name, None, 1, group_ranks)
-            capture.memoized_reference = (reference, meta_inputs)
-        elif capture.memoized_reference is None:  # the reference is the same for every world size
-            # built and recorded before the ranks (what rules memoization out shows here first),
-            # traced while the other processes capture ranks
-            meta_inputs = _to_meta(capture.example_inputs())
-            module, reference_values = _build_reference(capture.build_reference, ProvenanceTracker())
-            pending = (module, reference_values, _recorded(module, meta_inputs), meta_inputs)
-            warm_up_tracing()
 
         def trace_reference() -> None:
+            nonlocal pending
             if pending is not None:
                 module, reference_values, recorded, meta_inputs = pending
-                reference = _traced(module, reference_values, recorded, meta_inputs, "reference", None, 1, None)
+                resolve = group_ranks if same_code else None
+                reference = _traced(module, reference_values, recorded, meta_inputs, "reference", None, 1, resolve)
                 capture.memoized_reference = (reference, meta_inputs)
+                pending = None
+
+        if capture.memoized_reference is None:  # the reference is the same for every world size
+            # built and recorded before the ranks (what rules memoization out shows here first),
+            # traced while the other processes capture ranks. The same code's reference is the
+            # parallel code under a one-rank process group (its collectives are the identity),
+            # built, recorded and traced in that one world: what it holds (its groups) lives there
+            meta_inputs = _to_meta(capture.example_inputs())
+            with fake_rank(0, 1) if same_code else contextlib.nullcontext():
+                module, reference_values = _build_reference(capture.build_reference, ProvenanceTracker())
+                pending = (module, reference_values, _recorded(module, meta_inputs), meta_inputs)
+                warm_up_tracing()
+                if same_code:
+                    trace_reference()
 
         meta_inputs = pending[3] if pending is not None else capture.memoized_reference[1]
         traced: dict[tuple[str, str], Graph] = {}  # templates this process traced, for its later ranks
