@@ -66,6 +66,8 @@ CHECKS = {
     ),
 }
 
+EXAMPLE_DIRS = ("deepspeed_autotp", "fairscale_llama", "megatron_gpt")
+
 
 def write_project(root: Path, world_size: int) -> None:
     (root / "depth.py").write_text(textwrap.dedent(BUILDERS))
@@ -75,9 +77,6 @@ def write_project(root: Path, world_size: int) -> None:
         for name, entry in CHECKS.items()
     )
     (root / "pyproject.toml").write_text(f"[tool.shardproof]\npython-path = [{paths}]\n{checks}")
-
-
-EXAMPLE_DIRS = ("deepspeed_autotp", "fairscale_llama", "megatron_gpt")
 
 
 def run(project: Path, check: str, layers: int, memoize: bool) -> dict:
